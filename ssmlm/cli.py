@@ -1,0 +1,281 @@
+"""The `ssmlm` command line. Heavy libraries (jax, flax, datasets) are imported inside commands so that
+`ssmlm --help` answers at once."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ssmlm.errors import UserError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Pretrain, length-extend, finetune, evaluate and analyse attention-free language models (BiGS).",
+)
+analyze_app = typer.Typer(no_args_is_help=True, help="Analyses of trained runs (plots).")
+app.add_typer(analyze_app, name="analyze")
+
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a recipe field, e.g. --set model.hidden_size=256 (repeatable)."),
+]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Run name (directory under train.out_dir).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+def _err(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+
+
+def user_errors(fn):
+    """Print a user's mistake as one line and exit non-zero, with no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from ssmlm.train.loop import Interrupted
+
+        try:
+            return fn(*args, **kwargs)
+        except Interrupted as e:
+            _err(str(e))
+            raise typer.Exit(130) from None
+        except UserError as e:
+            _err(str(e))
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            _err("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _load(recipe: str | None, overrides: list[str] | None, default: str):
+    from ssmlm.recipe import load_recipe
+
+    return load_recipe(recipe, overrides or [], default=default)
+
+
+def _run_dir(recipe, name: str | None) -> Path:
+    return Path(recipe.train.out_dir) / (name or recipe.name)
+
+
+def _print_summary(summary: dict, run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{summary.get('kind', '')} → {run_dir}", show_header=False)
+    t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
+    for k, v in (summary.get("train") or {}).items():
+        t.add_row(f"train {k}", f"{v:.4f}")
+    for k, v in (summary.get("validation") or {}).items():
+        t.add_row(f"validation {k}", f"{v:.4f}")
+    if summary.get("seconds") is not None:
+        t.add_row("seconds", str(summary["seconds"]))
+    Console().print(t)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@app.command()
+@user_errors
+def preprocess(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")] = None,
+    set_: SetOpt = None,
+    quiet: QuietOpt = False,
+):
+    """Tokenize and mask a corpus once (reused when the same inputs come again).
+
+    Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
+    """
+    from ssmlm.data.preprocess import preprocess as run_preprocess
+    from ssmlm.data.preprocess import read_metadata
+
+    r = _load(recipe, set_, "default")
+    out = run_preprocess(r.data, r.seq_len, quiet=quiet)
+    meta = read_metadata(out)
+    typer.echo(json.dumps({"path": str(out), **{k: meta[k] for k in ("documents", "tokens", "vocab_size", "splits")}}, indent=2))
+
+
+@app.command()
+@user_errors
+def pretrain(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")] = None,
+    set_: SetOpt = None,
+    name: NameOpt = None,
+    quiet: QuietOpt = False,
+):
+    """MLM pretraining. Re-running the same command resumes from the newest checkpoint.
+
+    Example: ssmlm pretrain recipes/bigs_full.yaml
+    """
+    from ssmlm.train.stages import pretrain as run_pretrain
+
+    r = _load(recipe, set_, "default")
+    run_dir = _run_dir(r, name)
+    summary = run_pretrain(r, run_dir, quiet=quiet)
+    _print_summary(summary, run_dir)
+
+
+@app.command("extend-length")
+@user_errors
+def extend_length(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe for the longer stage (default: default_extend).")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="The pretrained run directory to extend.")] = None,
+    set_: SetOpt = None,
+    name: NameOpt = None,
+    quiet: QuietOpt = False,
+):
+    """Continue MLM training at a longer max_seq_length: SSM kernels are evaluated at the new length,
+    the position table is extended, and the optimizer restarts with this stage's schedule.
+
+    Example: ssmlm extend-length recipes/bigs_512.yaml --from runs/bigs_full
+    """
+    from ssmlm.train.stages import pretrain as run_pretrain
+
+    r = _load(recipe, set_, "default_extend")
+    if from_:
+        r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=from_))
+    src = Path(r.train.init_from or "")
+    run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
+    summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet)
+    _print_summary(summary, run_dir)
+
+
+def _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels):
+    changes = {
+        "name": task,
+        "train_file": train_file,
+        "validation_file": validation_file,
+        "text_fields": text_fields.split(",") if text_fields else None,
+        "label_field": label_field,
+        "num_labels": num_labels,
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return dataclasses.replace(r, task=dataclasses.replace(r.task, **changes))
+
+
+TaskOpt = Annotated[str | None, typer.Option("--task", help="A known task: builtin-order, builtin-next, or a GLUE task.")]
+TrainFileOpt = Annotated[str | None, typer.Option("--train-file", help="Local csv/tsv/jsonl/parquet training file.")]
+ValFileOpt = Annotated[str | None, typer.Option("--validation-file", help="Local validation file.")]
+FieldsOpt = Annotated[str | None, typer.Option("--text-fields", help="Text column(s), comma-separated (one or two).")]
+LabelOpt = Annotated[str | None, typer.Option("--label-field", help="Label column.")]
+NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Number of classes; 1 = regression.")]
+
+
+@app.command()
+@user_errors
+def finetune(
+    ckpt: Annotated[str, typer.Option("--ckpt", help="Pretrained (or extended) run directory.")],
+    task: TaskOpt = None,
+    recipe: Annotated[str | None, typer.Option("--recipe", help="Finetuning recipe (default: finetune_default).")] = None,
+    train_file: TrainFileOpt = None,
+    validation_file: ValFileOpt = None,
+    text_fields: FieldsOpt = None,
+    label_field: LabelOpt = None,
+    num_labels: NumLabelsOpt = None,
+    set_: SetOpt = None,
+    name: NameOpt = None,
+    quiet: QuietOpt = False,
+):
+    """Sequence classification or regression from a pretrained checkpoint (pooler + classifier).
+
+    Example: ssmlm finetune --ckpt runs/default --task builtin-order
+    """
+    from ssmlm.train.stages import finetune as run_finetune
+
+    r = _load(recipe, set_, "finetune_default")
+    r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels)
+    r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
+    task_name = r.task.name or Path(r.task.train_file or "task").stem
+    run_dir = _run_dir(r, name or f"{Path(ckpt).name}-{task_name}")
+    summary = run_finetune(r, run_dir, quiet=quiet)
+    _print_summary(summary, run_dir)
+    best = summary.get("best_validation")
+    if best:
+        typer.echo(f"best validation during training (step {best['step']}; optimistic, as the official script reports): "
+                   + ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split")))  # fmt: skip
+
+
+@app.command()
+@user_errors
+def evaluate(
+    ckpt: Annotated[str, typer.Option("--ckpt", help="Run directory to evaluate.")],
+    task: TaskOpt = None,
+    validation_file: ValFileOpt = None,
+    split: Annotated[str, typer.Option("--split", help="Split to score.")] = "validation",
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
+    out: Annotated[str | None, typer.Option("--out", help="Metrics JSON path (default: RUN/eval/TASK-SPLIT.json).")] = None,
+):
+    """Score a run: MLM loss/accuracy for a pretraining run, task metrics for a finetuning run.
+
+    Example: ssmlm evaluate --ckpt runs/default-builtin-order
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from ssmlm.recipe import TaskConfig
+    from ssmlm.train.stages import evaluate as run_evaluate
+    from ssmlm.train.stages import open_run
+
+    run = open_run(ckpt)
+    task_cfg = None
+    if task or validation_file:
+        base = run.recipe.task if run.kind == "finetune" else TaskConfig()
+        task_cfg = dataclasses.replace(base, name=task or base.name, validation_file=validation_file or base.validation_file)
+    result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size)
+    path = Path(out) if out else run.dir / "eval" / f"{result['task']}-{split}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    t = Table(title=f"{result['task']} / {split} — {run.dir} (step {result['step']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in result["metrics"].items():
+        t.add_row(k, f"{v:.4f}")
+    Console().print(t)
+    typer.echo(f"wrote {path}")
+
+
+@analyze_app.command("kernels")
+@user_errors
+def analyze_kernels(
+    ckpt: Annotated[str, typer.Option("--ckpt", help="Run directory of a BiGS model.")],
+    window: Annotated[int, typer.Option("--window", help="Relative positions shown on each side (paper: 10).")] = 10,
+    out: Annotated[str | None, typer.Option("--out", help="Output directory (default: RUN/analysis).")] = None,
+):
+    """Plot every layer's forward and backward SSM kernel, like the BiGS paper's Figure 3.
+
+    Example: ssmlm analyze kernels --ckpt runs/default
+    """
+    from ssmlm.analyze.kernels import analyze_kernels as run_kernels
+    from ssmlm.train.stages import open_run
+
+    run = open_run(ckpt)
+    result = run_kernels(run, Path(out) if out else run.dir / "analysis", window=window)
+    typer.echo(json.dumps(result, indent=2))
+
+
+@app.command()
+def recipes():
+    """List the shipped recipes with their first comment line."""
+    from ssmlm.recipe import builtin_recipes
+
+    for stem, path in builtin_recipes().items():
+        first = next((ln[1:].strip() for ln in path.read_text().splitlines() if ln.startswith("#")), "")
+        typer.echo(f"{stem:24s} {first}")
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as e:  # raised outside a command (should not happen, but never show a traceback)
+        _err(str(e))
+        sys.exit(2)

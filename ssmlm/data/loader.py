@@ -1,0 +1,78 @@
+"""Deterministic batches: batch ``step`` is a pure function of (seed, step), so resuming needs no replay.
+
+Each epoch is a fresh permutation seeded by (seed, epoch); the incomplete last batch of an epoch is
+dropped (as the official loaders do). The checkpointed data position is simply the step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ssmlm.errors import DataError
+
+
+class ArrayTable:
+    """A dict of equal-length numpy arrays with the two operations the loader needs."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    def __getitem__(self, idx):
+        return {k: v[idx] for k, v in self.arrays.items()}
+
+    def with_format(self, _):
+        return self
+
+
+class Batches:
+    """Training batches from a saved ``datasets`` split (memory-mapped Arrow; only a batch is read)
+    or from an ArrayTable."""
+
+    def __init__(self, dataset, batch_size: int, seed: int):
+        self.ds = dataset.with_format("numpy")
+        self.n = len(self.ds)
+        self.batch_size = batch_size
+        self.seed = seed
+        if self.n < batch_size:
+            raise DataError(f"train.batch_size = {batch_size} exceeds the {self.n} training examples")
+        self.steps_per_epoch = self.n // batch_size
+        self._perm_epoch, self._perm = -1, None
+
+    def indices(self, step: int) -> np.ndarray:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._perm_epoch = epoch
+        return np.sort(self._perm[i * self.batch_size : (i + 1) * self.batch_size])
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in self.ds[self.indices(step)].items()}
+
+
+def eval_batches(dataset, batch_size: int, max_batches: int | None = None, pad_row: dict | None = None):
+    """The split in order, in batches; the last one is padded with ``pad_row`` copies (weight 0)."""
+    ds = dataset.with_format("numpy")
+    n = len(ds) if not max_batches else min(len(ds), max_batches * batch_size)
+    for start in range(0, n, batch_size):
+        rows = {k: np.asarray(v) for k, v in ds[start : min(start + batch_size, n)].items()}
+        short = batch_size - len(next(iter(rows.values())))
+        if short and pad_row is not None:
+            rows = {k: np.concatenate([v, np.repeat(np.asarray(pad_row[k])[None], short, 0)]) for k, v in rows.items()}
+        yield rows
+
+
+def load_split(path: str | Path, split: str):
+    import datasets
+
+    try:
+        dd = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DataError(f"{path}: no preprocessed dataset here; run `ssmlm preprocess` first") from None
+    if split not in dd:
+        raise DataError(f"{path}: has no '{split}' split (has {list(dd)})")
+    return dd[split]

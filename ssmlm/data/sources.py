@@ -1,0 +1,203 @@
+"""Where text comes from: the built-in corpus, local files, or the Hugging Face hub.
+
+Every source yields documents, each a list of non-empty lines, and a fingerprint that changes when
+the text would (so preprocessing can be reused safely).
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import hashlib
+import os
+import sys
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ssmlm.errors import DataError
+
+Document = list[str]
+LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass
+class Corpus:
+    documents: list[Document]
+    fingerprint: str
+    description: str
+
+
+# ----------------------------------------------------------------------------- built-in corpus
+
+
+def _prose_lines(text: str) -> Document:
+    """Lines of a docstring, without interactive examples (code is not the prose we want)."""
+    lines = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith((">>>", "...")):
+            continue
+        lines.append(line)
+    return lines
+
+
+def builtin_corpus() -> Corpus:
+    """English prose harvested from this Python's own documentation: the pydoc topics and the
+    docstrings of the standard library's modules, classes and functions. Needs no network and is the
+    same on every machine with the same Python version. One document per module and per topic."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo"}
+    docs: list[Document] = []
+    for path in sorted(root.rglob("*.py")):
+        if skip & set(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        lines: Document = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    lines.extend(_prose_lines(doc))
+        if lines:
+            docs.append(lines)
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data
+        topics = {}
+    for key in sorted(topics):
+        lines = _prose_lines(topics[key])
+        if lines:
+            docs.append(lines)
+    if not docs:
+        raise DataError(f"built-in corpus: found no documentation under {root}")
+    version = ".".join(map(str, sys.version_info[:3]))
+    return Corpus(docs, f"builtin-v1-python{version}", f"Python {version} standard-library docs")
+
+
+# ----------------------------------------------------------------------------- local files
+
+
+def _expand(source: str) -> list[Path]:
+    p = Path(source).expanduser()
+    if p.is_dir():
+        files = [f for f in sorted(p.rglob("*")) if f.suffix in LOCAL_SUFFIXES and f.is_file()]
+    elif any(ch in source for ch in "*?["):
+        files = [Path(f) for f in sorted(glob.glob(os.path.expanduser(source), recursive=True))]
+    elif p.is_file():
+        files = [p]
+    else:
+        raise DataError(
+            f"data.source '{source}': no such file or directory (expected 'builtin', 'hub:NAME', "
+            f"or a .txt/.jsonl/.csv/.parquet file, directory or glob)"
+        )
+    bad = [f for f in files if f.suffix not in LOCAL_SUFFIXES]
+    if bad:
+        raise DataError(f"{bad[0]}: unsupported file type '{bad[0].suffix}'; expected one of {sorted(LOCAL_SUFFIXES)}")
+    if not files:
+        raise DataError(f"data.source '{source}': matched no .txt/.jsonl/.csv/.parquet files")
+    return files
+
+
+def _rows_to_documents(texts: Iterator, where: str, field: str) -> list[Document]:
+    docs = []
+    for t in texts:
+        if t is None:
+            continue
+        if not isinstance(t, str):
+            raise DataError(f"{where}: column '{field}' holds {type(t).__name__}, expected text")
+        lines = [ln.strip() for ln in t.splitlines() if ln.strip()]
+        if lines:
+            docs.append(lines)
+    return docs
+
+
+def local_corpus(source: str, text_field: str, max_documents: int | None) -> Corpus:
+    """txt: each file is one document. jsonl/csv/parquet: each row's ``text_field`` is one document."""
+    files = _expand(source)
+    h = hashlib.sha256()
+    docs: list[Document] = []
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        if f.suffix == ".txt":
+            try:
+                text = f.read_text(encoding="utf-8-sig")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            if lines:
+                docs.append(lines)
+            continue
+        import datasets
+
+        try:
+            ds = datasets.load_dataset(LOCAL_SUFFIXES[f.suffix], data_files=str(f), split="train")
+        except Exception as e:  # datasets raises many types for malformed files
+            raise DataError(f"{f}: could not be read as {f.suffix[1:]}: {str(e).splitlines()[0]}") from None
+        if text_field not in ds.column_names:
+            raise DataError(f"{f}: no column '{text_field}' (data.text_field); columns: {ds.column_names}")
+        docs.extend(_rows_to_documents(ds[text_field], str(f), text_field))
+        if max_documents and len(docs) >= max_documents:
+            break
+    if not docs:
+        raise DataError(f"data.source '{source}': the files hold no text")
+    return Corpus(docs, "local-" + h.hexdigest()[:16], f"{len(files)} local file(s) from {source}")
+
+
+# ----------------------------------------------------------------------------- hub
+
+
+def hub_corpus(spec: str, text_field: str, split: str, max_documents: int | None) -> Corpus:
+    """``hub:NAME[:CONFIG]``, e.g. hub:wikitext:wikitext-103-raw-v1. Needs the network (or the HF cache)."""
+    parts = spec.split(":")
+    name, config = parts[1], (parts[2] if len(parts) > 2 else None)
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        why = "offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if offline else str(e).splitlines()[0]
+        raise DataError(
+            f"data.source '{spec}': could not load hub dataset '{name}' ({why}); "
+            "download it when online or point data.source at local files"
+        ) from None
+    if text_field not in ds.column_names:
+        raise DataError(f"hub dataset '{name}': no column '{text_field}' (data.text_field); columns: {ds.column_names}")
+    if max_documents:
+        ds = ds.select(range(min(max_documents, len(ds))))
+    docs = _rows_to_documents(ds[text_field], name, text_field)
+    return Corpus(docs, f"hub-{name}-{config}-{split}-{ds._fingerprint}", f"hub dataset {name}")
+
+
+def corpus_fingerprint(source: str, text_field: str = "text", split: str = "train", max_documents=None) -> str:
+    """What identifies the text, computed without reading it (so cached preprocessing is found fast)."""
+    if source == "builtin":
+        fp = "builtin-v1-python" + ".".join(map(str, sys.version_info[:3]))
+    elif source.startswith("hub:"):
+        fp = f"{source}-{split}-{text_field}"
+    else:
+        h = hashlib.sha256(text_field.encode())
+        for f in _expand(source):
+            st = f.stat()
+            h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        fp = "local-" + h.hexdigest()[:16]
+    return fp + (f"-max{max_documents}" if max_documents else "")
+
+
+def load_corpus(source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None) -> Corpus:
+    if source == "builtin":
+        corpus = builtin_corpus()
+    elif source.startswith("hub:"):
+        corpus = hub_corpus(source, text_field, split, max_documents)
+    else:
+        corpus = local_corpus(source, text_field, max_documents)
+    if max_documents:
+        corpus.documents = corpus.documents[:max_documents]
+    corpus.fingerprint = corpus_fingerprint(source, text_field, split, max_documents)
+    return corpus

@@ -1,0 +1,231 @@
+"""Finetuning tasks: known definitions (built-in and GLUE) and local files with named columns.
+
+Every task loads into the same shape: per split, a list of text columns and a label column, which
+`encode` turns into fixed-length arrays (input_ids, token_type_ids, attention_mask, labels).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ssmlm.errors import DataError
+from ssmlm.recipe import TaskConfig
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    name: str
+    text_fields: tuple[str, ...]
+    label_field: str = "label"
+    num_labels: int = 2  # 1 = regression
+    metrics: tuple[str, ...] = ("accuracy",)
+    hub: tuple[str, str] | None = None  # (dataset, config) on the Hugging Face hub
+    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
+    description: str = ""
+
+
+GLUE = {
+    "cola": TaskDef("cola", ("sentence",), metrics=("matthews",), hub=("nyu-mll/glue", "cola")),
+    "sst2": TaskDef("sst2", ("sentence",), hub=("nyu-mll/glue", "sst2")),
+    "mrpc": TaskDef("mrpc", ("sentence1", "sentence2"), metrics=("f1", "accuracy"), hub=("nyu-mll/glue", "mrpc")),
+    "qqp": TaskDef("qqp", ("question1", "question2"), metrics=("f1", "accuracy"), hub=("nyu-mll/glue", "qqp")),
+    "stsb": TaskDef(
+        "stsb", ("sentence1", "sentence2"), num_labels=1, metrics=("pearson", "spearman"), hub=("nyu-mll/glue", "stsb")
+    ),
+    "mnli": TaskDef(
+        "mnli",
+        ("premise", "hypothesis"),
+        num_labels=3,
+        hub=("nyu-mll/glue", "mnli"),
+        splits={"train": "train", "validation": "validation_matched", "validation_mismatched": "validation_mismatched"},
+    ),
+    "qnli": TaskDef("qnli", ("question", "sentence"), hub=("nyu-mll/glue", "qnli")),
+    "rte": TaskDef("rte", ("sentence1", "sentence2"), hub=("nyu-mll/glue", "rte")),
+}
+
+BUILTIN = {
+    "builtin-order": TaskDef(
+        "builtin-order",
+        ("sentence",),
+        description="is this sentence in its original word order (1) or shuffled (0)? From the built-in corpus",
+    ),
+    "builtin-next": TaskDef(
+        "builtin-next",
+        ("first", "second"),
+        description="does the second sentence follow the first (1) or is it a random one (0)? Built-in corpus",
+    ),
+}
+
+TASKS: dict[str, TaskDef] = {**BUILTIN, **GLUE}
+LOCAL_KINDS = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def get_task(name: str) -> TaskDef:
+    if name not in TASKS:
+        hint = difflib.get_close_matches(name, list(TASKS), n=1)
+        extra = f"; did you mean '{hint[0]}'?" if hint else ""
+        raise DataError(f"unknown task '{name}'{extra} (known: {', '.join(TASKS)})")
+    return TASKS[name]
+
+
+# ----------------------------------------------------------------------------- built-in tasks
+
+
+def _sentences(min_words=6, max_words=30) -> list[tuple[str, str]]:
+    """(sentence, next sentence) pairs of plain prose from the built-in corpus, in corpus order."""
+    from ssmlm.data.sources import builtin_corpus
+
+    pairs = []
+    for doc in builtin_corpus().documents:
+        text = " ".join(doc)
+        sents = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text)]
+        ok = [s for s in sents if min_words <= len(s.split()) <= max_words and re.match(r"^[A-Z][\w ,;'()-]+\.$", s)]
+        pairs.extend(zip(ok, ok[1:], strict=False))
+    return pairs
+
+
+def builtin_task(name: str, n_train: int = 2000, n_validation: int = 500, seed: int = 0) -> dict[str, dict]:
+    rng = random.Random(seed)
+    pairs = _sentences()
+    rng.shuffle(pairs)
+    n = n_train + n_validation
+    if len(pairs) < n:
+        raise DataError(f"task {name}: the built-in corpus gave only {len(pairs)} sentences, need {n}")
+    rows = []
+    for i, (a, b) in enumerate(pairs[:n]):
+        label = i % 2
+        if name == "builtin-order":
+            words = a.split()
+            if label == 0:
+                while words == a.split():
+                    rng.shuffle(words)
+            rows.append({"sentence": " ".join(words), "label": label})
+        else:
+            second = b if label == 1 else pairs[rng.randrange(n, len(pairs))][1]
+            rows.append({"first": a, "second": second, "label": label})
+    cols = lambda rs: {k: [r[k] for r in rs] for k in rs[0]}  # noqa: E731
+    return {"train": cols(rows[:n_train]), "validation": cols(rows[n_train:])}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _read_local(path: str, where: str) -> dict[str, list]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"{where} '{path}': no such file")
+    kind = LOCAL_KINDS.get(p.suffix)
+    if kind is None:
+        raise DataError(f"{where} '{path}': unsupported file type; expected one of {sorted(LOCAL_KINDS)}")
+    import datasets
+
+    kw = {"delimiter": "\t", "quoting": 3} if p.suffix == ".tsv" else {}
+    try:
+        ds = datasets.load_dataset(kind, data_files=str(p), split="train", **kw)
+    except Exception as e:
+        raise DataError(f"{p}: could not be read as {p.suffix[1:]}: {str(e).splitlines()[0]}") from None
+    return ds.to_dict()
+
+
+def _read_hub(td: TaskDef, split: str) -> dict[str, list]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(td.hub[0], td.hub[1], split=td.splits[split])
+    except Exception as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        why = "offline" if offline else str(e).splitlines()[0][:120]
+        raise DataError(
+            f"task {td.name}: could not load {td.hub[0]}/{td.hub[1]} from the hub ({why}); put the files "
+            f"locally and pass --train-file/--validation-file (csv/tsv/jsonl with columns "
+            f"{', '.join(td.text_fields)}, {td.label_field})"
+        ) from None
+    return ds.to_dict()
+
+
+@dataclass
+class TaskData:
+    definition: TaskDef
+    splits: dict[str, dict[str, list]]  # split -> column -> values
+    label_names: list[str] | None = None
+
+
+def load_task(cfg: TaskConfig) -> TaskData:
+    """Resolve a task from the recipe's task section (and CLI flags folded into it)."""
+    base = get_task(cfg.name) if cfg.name else None
+    if base is None and not cfg.train_file:
+        raise DataError("no task given: pass --task NAME or --train-file with --text-fields and --label-field")
+    td = TaskDef(
+        name=cfg.name or Path(cfg.train_file).stem,
+        text_fields=tuple(cfg.text_fields) if cfg.text_fields else (base.text_fields if base else ("sentence",)),
+        label_field=cfg.label_field or (base.label_field if base else "label"),
+        num_labels=cfg.num_labels or (base.num_labels if base else 2),
+        metrics=base.metrics if base else (("pearson", "spearman") if cfg.num_labels == 1 else ("accuracy",)),
+        hub=base.hub if base else None,
+        splits=base.splits if base else {"train": "train", "validation": "validation"},
+    )
+    if not 1 <= len(td.text_fields) <= 2:
+        raise DataError(f"task.text_fields = {list(td.text_fields)}: expected one or two column names")
+    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    splits: dict[str, dict[str, list]] = {}
+    if cfg.name in BUILTIN and not cfg.train_file:
+        splits = builtin_task(cfg.name)
+    else:
+        for split in ("train", "validation"):
+            if files[split]:
+                splits[split] = _read_local(files[split], f"task.{split}_file")
+            elif td.hub:
+                splits[split] = _read_hub(td, split)
+            elif split == "train":
+                raise DataError("task.train_file is required for a task without a known source")
+        if files["test"]:
+            splits["test"] = _read_local(files["test"], "task.test_file")
+    label_names = None
+    for split, cols in splits.items():
+        missing = [c for c in (*td.text_fields, td.label_field) if c not in cols and not (split == "test" and c == td.label_field)]
+        if missing:
+            raise DataError(f"task {td.name} ({split}): missing column(s) {missing}; columns: {list(cols)}")
+    # String labels (e.g. 'entailment') are mapped to ids in sorted order of the training labels.
+    if td.num_labels > 1 and splits["train"][td.label_field] and isinstance(splits["train"][td.label_field][0], str):
+        label_names = sorted(set(splits["train"][td.label_field]))
+        index = {n: i for i, n in enumerate(label_names)}
+        for split, cols in splits.items():
+            if td.label_field in cols:
+                try:
+                    cols[td.label_field] = [index[v] for v in cols[td.label_field]]
+                except KeyError as e:
+                    raise DataError(f"task {td.name} ({split}): label {e} not seen in training data") from None
+    return TaskData(td, splits, label_names)
+
+
+def encode(data: TaskData, split: str, tokenizer, max_len: int) -> dict[str, np.ndarray]:
+    """Tokenize one split into fixed-length arrays (right-padded with [PAD] = 0, truncated to max_len)."""
+    td, cols = data.definition, data.splits[split]
+    tok = tokenizer
+    tok.enable_truncation(max_length=max_len)
+    tok.enable_padding(length=max_len, pad_id=0, pad_token="[PAD]")
+    texts = [[("" if v is None else str(v)) for v in cols[f]] for f in td.text_fields]
+    inputs = list(zip(*texts, strict=True)) if len(texts) == 2 else texts[0]
+    enc = tok.encode_batch(inputs)
+    tok.no_truncation()
+    tok.no_padding()
+    out = {
+        "input_ids": np.array([e.ids for e in enc], dtype=np.int32),
+        "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int32),
+        "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int32),
+    }
+    n = len(enc)
+    if td.label_field in cols:
+        dtype = np.float32 if td.num_labels == 1 else np.int32
+        out["labels"] = np.asarray(cols[td.label_field], dtype=dtype)
+    else:
+        out["labels"] = np.zeros(n, dtype=np.float32 if td.num_labels == 1 else np.int32)
+    out["example_weight"] = np.ones(n, dtype=np.float32)
+    return out

@@ -1,0 +1,70 @@
+"""WordPiece tokenizers: trained on the corpus with `tokenizers`, or loaded from a vocab.txt / tokenizer.json.
+
+Every tokenizer ssmlm uses has the BERT special tokens and adds [CLS] … [SEP] (and [SEP] between pair
+segments) itself, so a trained tokenizer behaves like the bert-large-uncased one the BiGS models use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from ssmlm.errors import DataError
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase or None)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _add_post_processor(tok: Tokenizer) -> Tokenizer:
+    # A freshly trained WordPiece has no post-processor: without this it would emit no [CLS]/[SEP].
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tok
+
+
+def train_wordpiece(lines: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, min_frequency=2, show_progress=False
+    )
+    tok.train_from_iterator(lines, trainer=trainer)
+    return _add_post_processor(tok)
+
+
+def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
+    """A vocab.txt (one WordPiece per line, as released with BERT) or a `tokenizers` tokenizer.json."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (p / name).is_file():
+                p = p / name
+                break
+    if not p.is_file():
+        raise DataError(f"tokenizer '{path}': no such file (expected a vocab.txt or tokenizer.json)")
+    try:
+        if p.suffix == ".json":
+            tok = Tokenizer.from_file(str(p))
+        else:
+            tok = _bert_pipeline(Tokenizer(models.WordPiece.from_file(str(p), unk_token="[UNK]")), lowercase)
+    except Exception as e:
+        raise DataError(f"tokenizer '{p}': could not be read: {str(e).splitlines()[0]}") from None
+    missing = [s for s in SPECIALS if tok.token_to_id(s) is None]
+    if missing:
+        raise DataError(f"tokenizer '{p}': missing special tokens {missing}")
+    return _add_post_processor(tok)
+
+
+def special_ids(tok: Tokenizer) -> dict[str, int]:
+    return {s.strip("[]").lower(): tok.token_to_id(s) for s in SPECIALS}

@@ -1,0 +1,17 @@
+"""User-facing errors: the CLI prints these as one line and exits non-zero, without a traceback."""
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad recipe, missing file, unknown task). Message is one line."""
+
+
+class RecipeError(UserError):
+    pass
+
+
+class DataError(UserError):
+    pass
+
+
+class CheckpointError(UserError):
+    pass

@@ -1,0 +1,74 @@
+"""Task heads shared by every encoder (BiGS official code, bigs_official.md §1.8).
+
+MLM head: transform = Dense(d→d) → exact GELU → LayerNorm, then logits = h · E_wordᵀ + b (tied decoder).
+Pooler: mean over non-padding positions (or over all positions), Dense(d→d), tanh.
+Classifier: dropout → Dense(d→k); k = 1 is regression.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ssmlm.models.bigs import dense, dropout, layer_norm
+from ssmlm.recipe import ModelConfig
+
+LECUN = nnx.initializers.lecun_normal()
+
+
+class MLMHead(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.transform = dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs, init=LECUN)
+        self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
+        self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
+
+    def __call__(self, h: jax.Array, word_embeddings: jax.Array) -> jax.Array:
+        h = self.norm(jax.nn.gelu(self.transform(h), approximate=False))
+        return (h @ word_embeddings.T.astype(h.dtype)).astype(jnp.float32) + self.bias[...]
+
+
+class MaskedLM(nnx.Module):
+    """Encoder + tied MLM head. ``positions`` selects where logits are needed (the masked slots)."""
+
+    def __init__(self, encoder: nnx.Module, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.encoder = encoder
+        self.mlm_head = MLMHead(cfg, rngs=rngs)
+
+    def __call__(self, input_ids, positions=None, token_type_ids=None, *, rng=None) -> jax.Array:
+        h = self.encoder(input_ids, token_type_ids, rng=rng)
+        if positions is not None:
+            # Only masked slots carry a loss; gathering them first gives the same loss as the official
+            # all-position logits at a fraction of the vocabulary matmul.
+            h = jnp.take_along_axis(h, positions[..., None], axis=1)
+        return self.mlm_head(h, self.encoder.word_embeddings())
+
+
+class Pooler(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.dense = dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
+        self.kind = cfg.pooler
+
+    def __call__(self, h: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        if self.kind == "mean":
+            pooled = h.mean(axis=1)
+        else:
+            m = attention_mask[..., None].astype(h.dtype)
+            pooled = (h * m).sum(axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
+        return jnp.tanh(self.dense(pooled))
+
+
+class SequenceClassifier(nnx.Module):
+    """Encoder + pooler + classifier; num_labels = 1 gives a regression score."""
+
+    def __init__(self, encoder: nnx.Module, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
+        self.encoder = encoder
+        self.pooler = Pooler(cfg, rngs=rngs)
+        self.classifier = dense(cfg, cfg.hidden_size, num_labels, rngs, init=LECUN)
+        self.rate = cfg.dropout
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None) -> jax.Array:
+        enc_rng, head_rng = jax.random.split(rng) if rng is not None else (None, None)
+        h = self.encoder(input_ids, token_type_ids, attention_mask, rng=enc_rng)
+        pooled = dropout(self.pooler(h, attention_mask), self.rate, head_rng)
+        return self.classifier(pooled).astype(jnp.float32)

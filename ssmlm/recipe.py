@@ -1,0 +1,331 @@
+"""Recipes: YAML files that load into typed, frozen config objects.
+
+A recipe is plain data. Loading goes: safe-load YAML -> merge over its ``base:`` chain -> apply
+``--set a.b=value`` overrides -> validate into dataclasses. Defaults live in exactly one place,
+the dataclasses; validation errors name the file, the dotted key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ssmlm.errors import RecipeError
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The encoder. Defaults are the BiGS paper's (Section 4 and Table 7) large model."""
+
+    arch: Literal["bigs"] = "bigs"  # registry name in ssmlm.models.MODELS
+    vocab_size: int | None = None  # None: take it from the tokenizer
+    hidden_size: int = 1024  # d
+    num_layers: int = 23  # gated layers (BERT-large has 24 stacked ones; BiGS uses 23 to match size)
+    intermediate_size: int = 3072  # 3d: width of V and U in the gated block
+    max_seq_length: int = 128  # rows of the position table; the SSM kernel length follows the input
+    num_ssm: int = 64  # N, states per SSM
+    type_vocab_size: int = 2
+    dropout: float = 0.1  # after the embedding LayerNorm and before classifiers (official code)
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    a_init: Literal["hippo", "lin", "inv"] = "hippo"  # S4D initialisation of A (official default: hippo)
+    gelu: Literal["exact", "tanh"] = "exact"  # paper: GELU; official Flax code: tanh approximation
+    pooler: Literal["non_padding_mean", "mean"] = "non_padding_mean"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Pretraining corpus, tokenizer and offline masking (Izsak et al. / BiGS shards)."""
+
+    source: str = "builtin"  # builtin | a file, directory or glob (txt/jsonl/csv/parquet) | hub:NAME[:CONFIG]
+    text_field: str = "text"  # column holding the text in jsonl/csv/parquet/hub sources
+    split: str = "train"  # hub split
+    max_documents: int | None = None  # cap on documents read (None: all)
+    tokenizer: str = "train"  # 'train' a WordPiece on the corpus, or a vocab.txt / tokenizer.json path
+    vocab_size: int = 30522  # when training a tokenizer
+    lowercase: bool = True
+    max_seq_length: int | None = None  # None: the model's max_seq_length
+    masked_lm_prob: float = 0.15
+    max_predictions: int | None = None  # None: round(0.15 * max_seq_length); BiGS shards use 20 at 128
+    duplicate_factor: int = 10  # differently-masked copies of every sequence
+    short_seq_prob: float = 0.1  # chance of a shorter target length, as in BERT data generation
+    validation_fraction: float = 0.01  # documents held out for evaluation
+    seed: int = 42
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """A finetuning task: a known name, or local files with named columns."""
+
+    name: str | None = None  # a known task (see `ssmlm finetune --help`), e.g. builtin-order, sst2, mnli
+    train_file: str | None = None
+    validation_file: str | None = None
+    test_file: str | None = None
+    data_dir: str | None = None  # directory in the task's file layout (e.g. GLUE TSVs)
+    text_fields: list[str] | None = None  # one field (single sentence) or two (sentence pair)
+    label_field: str | None = None
+    num_labels: int | None = None  # 1 means regression
+    max_seq_length: int | None = None  # None: the checkpoint's max_seq_length
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training stage (pretrain, extend-length or finetune). Defaults: BiGS Table 7 pretraining."""
+
+    steps: int = 1_000_000  # optimizer updates (ignored when epochs is set)
+    epochs: float | None = None  # finetuning: passes over the training set
+    batch_size: int = 760  # global batch (sequences)
+    learning_rate: float = 6e-4
+    schedule: Literal["cosine", "linear", "constant"] = "linear"
+    warmup_steps: int | None = None  # None: warmup_ratio * total steps
+    warmup_ratio: float = 0.01
+    end_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak (official alpha 0.1)
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    weight_decay: float = 0.05  # never on biases or LayerNorm parameters
+    grad_clip: float = 0.0  # global-norm clip; 0 = off (Table 7)
+    seed: int = 42
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 20
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    out_dir: str = "runs"
+    init_from: str | None = None  # run directory whose weights start this stage (extend-length, finetune)
+    position_init: Literal["tile", "random"] = "tile"  # extend-length: how new position rows start
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    name: str = "run"
+    description: str = ""
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def fingerprint(self, *sections: str) -> str:
+        d = self.to_dict()
+        if sections:
+            d = {k: d[k] for k in sections}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def seq_len(self) -> int:
+        return self.data.max_seq_length or self.model.max_seq_length
+
+
+# ----------------------------------------------------------------------------- loading
+
+RECIPE_DIRS = [
+    Path(__file__).resolve().parent.parent / "recipes",  # a source checkout / editable install
+    Path(__file__).resolve().parent / "_recipes",  # inside the wheel
+]
+
+
+def builtin_recipes() -> dict[str, Path]:
+    """Recipes shipped with ssmlm, by stem name."""
+    found: dict[str, Path] = {}
+    for d in RECIPE_DIRS:
+        if d.is_dir():
+            for p in sorted(d.glob("*.yaml")):
+                found.setdefault(p.stem, p)
+    return found
+
+
+def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
+    """A recipe reference: a path (absolute, or relative to the cwd / the including recipe) or a bare name."""
+    cands = [Path(ref)]
+    if relative_to is not None:
+        cands.insert(0, relative_to / ref)
+    for c in cands:
+        if c.is_file():
+            return c.resolve()
+    stem = Path(ref).name.removesuffix(".yaml").removesuffix(".yml")
+    shipped = builtin_recipes()
+    if stem in shipped:
+        return shipped[stem]
+    hint = difflib.get_close_matches(stem, list(shipped), n=1)
+    extra = f"; did you mean '{hint[0]}'?" if hint else f"; shipped recipes: {', '.join(shipped) or 'none'}"
+    raise RecipeError(f"recipe not found: '{ref}'{extra}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise RecipeError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_raw(ref: str | Path, _seen: tuple[Path, ...] = (), relative_to: Path | None = None) -> dict:
+    path = resolve_path(str(ref), relative_to)
+    if path in _seen:
+        raise RecipeError(f"{path}: 'base:' chain loops back to itself")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise RecipeError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
+        data = _merge(load_raw(base, _seen + (path,), relative_to=path.parent), data)
+    data.setdefault("name", path.stem)
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise RecipeError(f"--set '{text}': expected KEY=VALUE, e.g. model.hidden_size=256")
+    key, value = text.split("=", 1)
+    try:
+        parsed = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = json.loads(json.dumps(data))  # deep copy of plain data
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise RecipeError(f"--set '{text}': '{k}' is not a section")
+        node[keys[-1]] = value
+    return data
+
+
+def load_recipe(ref: str | Path | None, overrides: list[str] | None = None, default: str = "default") -> Recipe:
+    """Load a recipe by path or shipped name (None: the shipped ``default``), apply overrides, validate."""
+    ref = ref if ref is not None else default
+    raw = apply_overrides(load_raw(ref), overrides or [])
+    source = str(resolve_path(str(ref)))
+    return from_dict(Recipe, raw, source)
+
+
+def from_dict(cls, data: Any, source: str, path: str = ""):
+    """Validate plain data into dataclass ``cls``; errors name the source file and dotted key."""
+    where = f"{source}: {path or '(top level)'}"
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: expected a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            suggestion = f"; did you mean '{hint[0]}'?" if hint else f"; valid keys: {', '.join(fields)}"
+            raise RecipeError(f"{source}: unknown key '{dotted}'{suggestion}")
+        kwargs[key] = _coerce(hints[key], value, source, dotted)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise RecipeError(f"{where}: {e}") from None
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp, value, source: str, dotted: str):
+    origin = typing.get_origin(tp)
+    bad = RecipeError(f"{source}: '{dotted}' = {value!r}: expected {_type_name(tp)}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, source, dotted)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, source, dotted)
+            except RecipeError:
+                continue
+        raise bad
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        hint = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], n=1)
+        raise RecipeError(
+            f"{source}: '{dotted}' = {value!r}: expected {_type_name(tp)}"
+            + (f"; did you mean '{hint[0]}'?" if hint else "")
+        )
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad
+        (item,) = typing.get_args(tp)
+        return [_coerce(item, v, source, f"{dotted}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if tp is Any:
+        return value
+    raise bad

@@ -1,0 +1,69 @@
+"""Orbax checkpoints of a run: parameters, optimizer state and a JSON manifest (step, data position,
+metrics). Saves are asynchronous and committed atomically (Orbax writes to a temporary directory and
+renames it), so an interrupted save never becomes the latest checkpoint.
+
+Layout: RUN/checkpoints/<step>/{params, opt_state, meta}.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orbax.checkpoint as ocp
+
+from ssmlm.errors import CheckpointError
+
+
+class Checkpoints:
+    def __init__(self, run_dir: Path, keep: int = 2):
+        self.dir = (Path(run_dir) / "checkpoints").resolve()  # Orbax needs absolute paths
+        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
+        self.mgr = ocp.CheckpointManager(self.dir, options=opts)
+
+    def latest_step(self) -> int | None:
+        return self.mgr.latest_step()
+
+    def save(self, step: int, params, opt_state, meta: dict, force: bool = True) -> None:
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta),
+        )
+        self.mgr.save(step, args=args, force=force)
+
+    def restore(self, step: int, abstract_params, abstract_opt_state):
+        r = self.mgr.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params),
+                opt_state=ocp.args.StandardRestore(abstract_opt_state),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+        return r.params, r.opt_state, r.meta
+
+    def wait(self) -> None:
+        self.mgr.wait_until_finished()
+
+    def close(self) -> None:
+        self.mgr.wait_until_finished()
+        self.mgr.close()
+
+
+def load_params(run_dir: Path, abstract_params, step: int | None = None):
+    """Parameters (and the manifest) of a run's newest (or given) checkpoint, without optimizer state."""
+    ckpt_dir = (Path(run_dir) / "checkpoints").resolve()
+    if not ckpt_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no checkpoints/ directory; is this an ssmlm run directory?")
+    with ocp.CheckpointManager(ckpt_dir) as mgr:
+        step = step if step is not None else mgr.latest_step()
+        if step is None:
+            raise CheckpointError(f"{run_dir}: holds no complete checkpoint")
+        try:
+            r = mgr.restore(
+                step,
+                args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()),
+            )
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{run_dir}: checkpoint {step} does not fit the model: {str(e)[:200]}") from None
+    return r.params, r.meta

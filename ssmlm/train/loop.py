@@ -1,0 +1,186 @@
+"""The one training loop, shared by pretrain, extend-length and finetune.
+
+A Stage says what differs between them (model, loss, data, evaluation); this module owns everything
+else: the jitted step, the learning-rate schedule, progress, the JSONL metrics log, evaluation,
+checkpointing and exact resume. Batch ``s`` is a pure function of (seed, s) and dropout keys are
+fold_in(seed, s), so a resumed run takes exactly the steps an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from ssmlm.errors import UserError
+from ssmlm.progress import console, progress_bar
+from ssmlm.recipe import Recipe
+from ssmlm.train.checkpoint import Checkpoints
+from ssmlm.train.optim import make_optimizer
+
+
+class Interrupted(UserError):
+    """Ctrl-C during training: a checkpoint was written; re-running the command resumes."""
+
+
+@dataclass
+class Stage:
+    kind: str  # pretrain | extend-length | finetune
+    model: nnx.Module
+    loss_fn: Callable  # (model, batch, rng) -> (loss, aux dict of scalars)
+    batches: Callable[[int], dict]  # step -> host batch
+    total_steps: int
+    tokens_per_step: int
+    eval_fn: Callable | None = None  # (model, batch) -> dict of arrays
+    eval_data: Callable[[], Iterable[dict]] | None = None
+    score: Callable[[list[dict], list[dict]], dict] | None = None  # (outputs, batches) -> metrics
+    meta: dict = field(default_factory=dict)  # written into every checkpoint manifest
+
+
+class MetricsLog:
+    """Append-only JSONL; on resume, lines past the restored step are dropped so nothing repeats."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def truncate_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        self.path.write_text("".join(ln + "\n" for ln in keep))
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _to_host(tree) -> dict:
+    return {k: float(v) for k, v in jax.device_get(tree).items()}
+
+
+def evaluate_stage(stage: Stage, params, graphdef) -> dict[str, float]:
+    """Run the stage's evaluation on the given parameters."""
+    if stage.eval_fn is None or stage.eval_data is None:
+        return {}
+
+    @jax.jit
+    def eval_step(p, batch):
+        return stage.eval_fn(nnx.merge(graphdef, p), batch)
+
+    outputs, batches = [], []
+    for batch in stage.eval_data():
+        outputs.append(jax.device_get(eval_step(params, batch)))
+        batches.append(batch)
+    return stage.score(outputs, batches) if outputs else {}
+
+
+def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dict[str, Any]:
+    cfg = recipe.train
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    total = stage.total_steps
+    tx, lr_fn = make_optimizer(cfg, total)
+
+    graphdef, params = nnx.split(stage.model, nnx.Param)
+    opt_state = tx.init(params)
+    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    start = 0
+    latest = ckpt.latest_step()
+    if latest is not None:
+        params, opt_state, meta = ckpt.restore(latest, params, opt_state)
+        start = int(meta["step"])
+        log.truncate_after(start)
+        console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})")
+
+    base_key = jax.random.key(cfg.seed)
+
+    @jax.jit
+    def train_step(params, opt_state, batch, step):
+        rng = jax.random.fold_in(base_key, step)
+
+        def loss_of(p):
+            return stage.loss_fn(nnx.merge(graphdef, p), batch, rng)
+
+        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+
+    def save(step: int, metrics: dict) -> None:
+        meta = {"step": step, "data_position": step, "total_steps": total, "kind": stage.kind, **stage.meta}
+        ckpt.save(step, params, opt_state, {**meta, "metrics": metrics})
+
+    summary: dict[str, Any] = {"kind": stage.kind, "start_step": start, "total_steps": total}
+    last: dict[str, float] = {}
+    eval_metrics: dict[str, float] = {}
+    step = start
+    t_start = time.time()
+    with progress_bar(quiet, "loss", "lr", "tok/s") as bar:
+        task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", **{"tok/s": "-"})
+        t_window, steps_window = time.time(), 0
+        try:
+            while step < total:
+                batch = stage.batches(step)
+                params, opt_state, out = train_step(params, opt_state, batch, step)
+                step += 1
+                steps_window += 1
+                if step % cfg.log_every == 0 or step == total:
+                    last = _to_host(out)
+                    if not np.isfinite(last["loss"]):
+                        raise UserError(
+                            f"training diverged: loss is {last['loss']} at step {step}; "
+                            "lower train.learning_rate or set train.grad_clip"
+                        )
+                    now = time.time()
+                    tps = stage.tokens_per_step * steps_window / max(now - t_window, 1e-9)
+                    t_window, steps_window = now, 0
+                    lr = float(lr_fn(step - 1))
+                    log.write({"step": step, "lr": lr, "tokens_per_s": round(tps, 1), "time": round(now, 3), **last})
+                    bar.update(task, loss=f"{last['loss']:.4f}", lr=f"{lr:.2e}", **{"tok/s": f"{tps:,.0f}"})
+                    if not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
+                        console.print(f"{stage.kind} step {step}/{total} loss {last['loss']:.4f} {tps:,.0f} tok/s")
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+                    eval_metrics = evaluate_stage(stage, params, graphdef)
+                    if eval_metrics:
+                        log.write({"step": step, "split": "validation", **eval_metrics})
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+                    save(step, last)
+                bar.update(task, completed=step)
+        except KeyboardInterrupt:
+            save(step, last)
+            ckpt.close()
+            raise Interrupted(
+                f"interrupted at step {step}/{total}; checkpoint saved in {run_dir}; "
+                "run the same command again to resume"
+            ) from None
+
+    if step > start or latest is None:
+        eval_metrics = evaluate_stage(stage, params, graphdef)
+        if eval_metrics:
+            log.write({"step": step, "split": "validation", **eval_metrics})
+        save(step, {**last, **eval_metrics})
+    ckpt.close()
+    summary.update(
+        final_step=step,
+        seconds=round(time.time() - t_start, 2),
+        train=last,
+        validation=eval_metrics,
+    )
+    stage.model = nnx.merge(graphdef, params)
+    return summary
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Summed token cross-entropy and summed weights (the caller divides)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    return (nll * weights).sum(), weights.sum()

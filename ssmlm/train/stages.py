@@ -1,0 +1,389 @@
+"""The subcommands' stages: what pretrain, extend-length and finetune feed the one loop.
+
+A run directory holds everything needed to continue from it or build on it:
+  recipe.yaml     the resolved recipe (model.vocab_size filled in)
+  run.json        kind, data directory, task, label names
+  tokenizer.json  the tokenizer the run's ids refer to
+  metrics.jsonl   one JSON object per log step / evaluation
+  checkpoints/    Orbax checkpoints
+  summary.json    written when the stage finishes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from flax import nnx
+
+from ssmlm.data.loader import ArrayTable, Batches, eval_batches, load_split
+from ssmlm.data.preprocess import preprocess, read_metadata
+from ssmlm.errors import CheckpointError, UserError
+from ssmlm.evaluate.metrics import score as score_task
+from ssmlm.models import build_classifier, build_mlm, with_vocab
+from ssmlm.progress import console
+from ssmlm.recipe import Recipe, from_dict
+from ssmlm.train import loop
+from ssmlm.train.checkpoint import load_params
+
+# ----------------------------------------------------------------------------- run directories
+
+
+@dataclasses.dataclass
+class Run:
+    """A finished or running run directory, read back."""
+
+    dir: Path
+    recipe: Recipe
+    info: dict
+
+    @property
+    def kind(self) -> str:
+        return self.info["kind"]
+
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.dir / "tokenizer.json"))
+
+    def abstract_model(self):
+        cfg = self.recipe.model
+        if self.kind == "finetune":
+            return nnx.eval_shape(lambda: build_classifier(cfg, self.info["num_labels"]))
+        return nnx.eval_shape(lambda: build_mlm(cfg))
+
+    def load_model(self, step: int | None = None):
+        abstract = self.abstract_model()
+        graphdef, abs_params = nnx.split(abstract, nnx.Param)
+        params, meta = load_params(self.dir, abs_params, step)
+        return nnx.merge(graphdef, params), meta
+
+
+def open_run(path: str | Path) -> Run:
+    d = Path(path).expanduser()
+    if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
+        raise CheckpointError(f"{path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
+    recipe = from_dict(Recipe, yaml.safe_load((d / "recipe.yaml").read_text()), str(d / "recipe.yaml"))
+    return Run(d, recipe, json.loads((d / "run.json").read_text()))
+
+
+def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
+    """Create the run directory, or check that an existing one was made by the same recipe."""
+    rpath = run_dir / "recipe.yaml"
+    if rpath.exists():
+        old = from_dict(Recipe, yaml.safe_load(rpath.read_text()), str(rpath))
+        # Stopping points and bookkeeping may change between attempts; what is trained may not.
+        same = lambda r: dataclasses.replace(  # noqa: E731
+            r,
+            train=dataclasses.replace(
+                r.train, log_every=0, eval_every=0, checkpoint_every=0, keep_checkpoints=0, out_dir=""
+            ),
+        )
+        if same(old) != same(recipe):
+            raise UserError(
+                f"{run_dir} already holds a run with a different recipe; pass --name to start a new run "
+                f"(differences: {_diff(old.to_dict(), recipe.to_dict())})"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(rpath, recipe.to_yaml())
+    _atomic_write(run_dir / "run.json", json.dumps(info, indent=2))
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> str:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
+            d = _diff(a[k], b[k], f"{prefix}{k}.")
+            if d:
+                out.append(d)
+        elif a.get(k) != b.get(k):
+            out.append(f"{prefix}{k}: {a.get(k)!r} -> {b.get(k)!r}")
+    return ", ".join(out)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- weight transfer
+
+
+def transplant(target: nnx.Module, source_params, position_init: str = "tile") -> dict[str, int]:
+    """Copy every source parameter whose path exists in ``target`` into it.
+
+    Equal shapes are copied. A longer position table (extend-length) keeps the source rows and fills
+    the new ones by tiling them (as Longformer does) or leaves them at their fresh initialisation.
+    Parameters only in the target (a new head) keep their initialisation.
+    """
+    src = dict(nnx.to_flat_state(source_params))
+    tgt_state = nnx.state(target, nnx.Param)
+    report = {"copied": 0, "extended": 0, "fresh": 0}
+    flat = []
+    for path, var in nnx.to_flat_state(tgt_state):
+        if path not in src:
+            report["fresh"] += 1
+            flat.append((path, var))
+            continue
+        new, old = var.get_value(), src[path].get_value()
+        if new.shape == old.shape:
+            value = old
+            report["copied"] += 1
+        elif path[-2:] == ("position", "embedding") and new.shape[0] > old.shape[0]:
+            n_old = old.shape[0]
+            if position_init == "tile":
+                reps = -(-new.shape[0] // n_old)
+                value = jnp.tile(old, (reps, 1))[: new.shape[0]]
+            else:
+                value = new.at[:n_old].set(old)
+            report["extended"] += 1
+        else:
+            raise CheckpointError(
+                f"cannot load parameter {'/'.join(map(str, path))}: checkpoint shape {old.shape}, model {new.shape}"
+            )
+        flat.append((path, var.replace(value)))
+    nnx.update(target, nnx.from_flat_state(flat))
+    return report
+
+
+# ----------------------------------------------------------------------------- MLM (pretrain, extend-length)
+
+
+def mlm_loss(model, batch, rng):
+    positions = batch["masked_lm_positions"]
+    weights = (positions > 0).astype(jnp.float32)
+    logits = model(batch["input_ids"], positions=positions, rng=rng)
+    nll, count = loop.cross_entropy(logits, batch["masked_lm_ids"], weights)
+    return nll / jnp.maximum(count, 1.0), {}
+
+
+def mlm_eval(model, batch):
+    positions = batch["masked_lm_positions"]
+    weights = (positions > 0).astype(jnp.float32)
+    logits = model(batch["input_ids"], positions=positions)
+    nll, count = loop.cross_entropy(logits, batch["masked_lm_ids"], weights)
+    correct = ((logits.argmax(-1) == batch["masked_lm_ids"]) * weights).sum()
+    return {"nll": nll, "count": count, "correct": correct}
+
+
+def mlm_score(outputs, _batches) -> dict[str, float]:
+    nll = sum(float(o["nll"]) for o in outputs)
+    count = sum(float(o["count"]) for o in outputs)
+    loss = nll / max(count, 1.0)
+    return {
+        "mlm_loss": loss,
+        "mlm_accuracy": sum(float(o["correct"]) for o in outputs) / max(count, 1.0),
+        "perplexity": float(np.exp(min(loss, 50))),
+        "masked_tokens": count,
+    }
+
+
+def mlm_eval_data(data_dir: Path, recipe: Recipe):
+    meta = read_metadata(data_dir)
+    if meta["splits"]["validation"]["sequences"] == 0:
+        return None
+    split = load_split(data_dir, "validation")
+    L, P = meta["max_seq_length"], meta["max_predictions"]
+    pad = {"input_ids": np.zeros(L, np.int32), "masked_lm_positions": np.zeros(P, np.int32),
+           "masked_lm_ids": np.zeros(P, np.int32)}  # fmt: skip
+    return lambda: eval_batches(split, recipe.train.batch_size, recipe.train.eval_batches, pad)
+
+
+def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", quiet: bool = False) -> dict[str, Any]:
+    """MLM training; with ``kind='extend-length'`` it starts from ``train.init_from`` at a longer length."""
+    source = None
+    data_cfg = recipe.data
+    if kind == "extend-length":
+        if not recipe.train.init_from:
+            raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
+        source = open_run(recipe.train.init_from)
+        if source.kind == "finetune":
+            raise UserError(f"{source.dir}: is a finetuning run; extend-length starts from an MLM run")
+        new_len = recipe.model.max_seq_length
+        if new_len < source.recipe.model.max_seq_length:
+            raise UserError(
+                f"model.max_seq_length = {new_len}: must be at least the source run's "
+                f"{source.recipe.model.max_seq_length}"
+            )
+        # The architecture is the source's; only the length changes. The ids must mean what they meant.
+        recipe = dataclasses.replace(recipe, model=dataclasses.replace(source.recipe.model, max_seq_length=new_len))
+        data_cfg = dataclasses.replace(data_cfg, tokenizer=str((source.dir / "tokenizer.json").resolve()))
+        recipe = dataclasses.replace(recipe, data=data_cfg)
+    seq_len = recipe.seq_len
+    if seq_len > recipe.model.max_seq_length:
+        raise UserError(
+            f"data.max_seq_length = {seq_len} exceeds model.max_seq_length = {recipe.model.max_seq_length}"
+        )
+    data_dir = preprocess(data_cfg, seq_len, quiet=quiet)
+    meta = read_metadata(data_dir)
+    recipe = dataclasses.replace(recipe, model=with_vocab(recipe.model, meta["vocab_size"]))
+    prepare_run_dir(run_dir, recipe, {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None})
+    shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
+
+    model = build_mlm(recipe.model, seed=recipe.train.seed)
+    if source is not None:
+        src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
+        report = transplant(model, src_params, recipe.train.position_init)
+        console.print(f"initialised from {source.dir}: {report}")
+    batches = Batches(load_split(data_dir, "train"), recipe.train.batch_size, recipe.train.seed)
+    stage = loop.Stage(
+        kind=kind,
+        model=model,
+        loss_fn=mlm_loss,
+        batches=batches,
+        total_steps=recipe.train.steps,
+        tokens_per_step=recipe.train.batch_size * seq_len,
+        eval_fn=mlm_eval,
+        eval_data=mlm_eval_data(data_dir, recipe),
+        score=mlm_score,
+        meta={"data_dir": str(data_dir), "steps_per_epoch": batches.steps_per_epoch},
+    )
+    summary = loop.run(stage, recipe, run_dir, quiet=quiet)
+    from ssmlm.analyze.plots import plot_metrics
+
+    summary["loss_plot"] = str(plot_metrics(run_dir))
+    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+# ----------------------------------------------------------------------------- finetune
+
+
+def classification_loss(model, batch, rng):
+    logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], rng=rng)
+    if logits.shape[-1] == 1:  # regression: MSE against the raw score (as the official STS-B code)
+        return jnp.mean((logits[:, 0] - batch["labels"]) ** 2), {}
+    nll, count = loop.cross_entropy(logits, batch["labels"].astype(jnp.int32), jnp.ones(logits.shape[0]))
+    return nll / count, {}
+
+
+def classification_eval(model, batch):
+    return {"logits": model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])}
+
+
+def classification_scorer(metrics: tuple[str, ...]):
+    def score(outputs, batches):
+        logits = np.concatenate([o["logits"] for o in outputs])
+        gold = np.concatenate([b["labels"] for b in batches])
+        keep = np.concatenate([b["example_weight"] for b in batches]) > 0
+        return score_task(metrics, logits[keep], gold[keep])
+
+    return score
+
+
+def encoded_task(recipe: Recipe, tokenizer, max_len: int):
+    from ssmlm.data.tasks import encode, load_task
+
+    data = load_task(recipe.task)
+    return data, {split: encode(data, split, tokenizer, max_len) for split in data.splits}
+
+
+def task_eval_data(arrays: dict[str, np.ndarray], batch_size: int):
+    pad = {k: np.zeros_like(v[0]) for k, v in arrays.items()}  # weight 0 rows
+    return lambda: eval_batches(ArrayTable(arrays), batch_size, None, pad)
+
+
+def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False) -> dict[str, Any]:
+    if not recipe.train.init_from:
+        raise UserError("finetune needs a pretrained run: pass --ckpt RUN_DIR")
+    source = open_run(recipe.train.init_from)
+    max_len = recipe.task.max_seq_length or source.recipe.model.max_seq_length
+    if max_len > source.recipe.model.max_seq_length:
+        raise UserError(
+            f"task.max_seq_length = {max_len} exceeds the checkpoint's max_seq_length "
+            f"{source.recipe.model.max_seq_length}; run extend-length first"
+        )
+    data, arrays = encoded_task(recipe, source.tokenizer(), max_len)
+    td = data.definition
+    recipe = dataclasses.replace(
+        recipe,
+        model=dataclasses.replace(source.recipe.model, dropout=recipe.model.dropout),
+        data=source.recipe.data,
+        task=dataclasses.replace(
+            recipe.task, name=td.name, max_seq_length=max_len, num_labels=td.num_labels,
+            text_fields=list(td.text_fields), label_field=td.label_field,
+        ),  # fmt: skip
+    )
+    info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "num_labels": td.num_labels,
+            "label_names": data.label_names, "metrics": list(td.metrics)}  # fmt: skip
+    prepare_run_dir(run_dir, recipe, info)
+    shutil.copyfile(source.dir / "tokenizer.json", run_dir / "tokenizer.json")
+
+    model = build_classifier(recipe.model, td.num_labels, seed=recipe.train.seed)
+    src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
+    report = transplant(model, src_params)
+    console.print(f"initialised from {source.dir}: {report}")
+
+    batches = Batches(ArrayTable(arrays["train"]), recipe.train.batch_size, recipe.train.seed)
+    epochs = recipe.train.epochs
+    total = int(batches.steps_per_epoch * epochs) if epochs else recipe.train.steps
+    eval_every = recipe.train.eval_every
+    if eval_every == 0 and epochs:  # evaluate at every epoch end by default
+        recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, eval_every=batches.steps_per_epoch))
+    stage = loop.Stage(
+        kind="finetune",
+        model=model,
+        loss_fn=classification_loss,
+        batches=batches,
+        total_steps=total,
+        tokens_per_step=recipe.train.batch_size * max_len,
+        eval_fn=classification_eval,
+        eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if "validation" in arrays else None,
+        score=classification_scorer(td.metrics),
+        meta={"task": td.name, "steps_per_epoch": batches.steps_per_epoch},
+    )
+    summary = loop.run(stage, recipe, run_dir, quiet=quiet)
+    summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.metrics[0])
+    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def best_validation(metrics_path: Path, key: str) -> dict | None:
+    """The best evaluation seen during training (the official BiGS protocol; optimistic)."""
+    rows = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
+    rows = [r for r in rows if r.get("split") == "validation" and key in r]
+    return max(rows, key=lambda r: r[key]) if rows else None
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32) -> dict[str, Any]:
+    """Metrics of a run's newest checkpoint: MLM on its held-out data, or its finetuning task."""
+    model, meta = run.load_model()
+    graphdef, params = nnx.split(model, nnx.Param)
+    if run.kind == "finetune":
+        task = recipe_task or run.recipe.task
+        if task.name and task.name != run.info["task"] and not task.train_file:
+            raise UserError(f"{run.dir} was finetuned on '{run.info['task']}', not '{task.name}'")
+        task = dataclasses.replace(task, name=task.name or run.info["task"], max_seq_length=run.recipe.task.max_seq_length)
+        data, arrays = encoded_task(dataclasses.replace(run.recipe, task=task), run.tokenizer(), task.max_seq_length)
+        if split not in arrays:
+            raise UserError(f"task {data.definition.name} has no '{split}' split (has {list(arrays)})")
+        stage = loop.Stage("evaluate", model, None, None, 0, 0, classification_eval,
+                           task_eval_data(arrays[split], batch_size), classification_scorer(data.definition.metrics))  # fmt: skip
+        name = data.definition.name
+    else:
+        if recipe_task is not None and recipe_task.name:
+            raise UserError(f"{run.dir} is a pretraining run; finetune it on '{recipe_task.name}' first")
+        data_dir = Path(run.info["data_dir"])
+        ev = mlm_eval_data(data_dir, dataclasses.replace(run.recipe, train=dataclasses.replace(run.recipe.train, batch_size=batch_size, eval_batches=0)))  # fmt: skip
+        if ev is None:
+            raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
+        stage = loop.Stage("evaluate", model, None, None, 0, 0, mlm_eval, ev, mlm_score)
+        name = "mlm"
+    metrics = loop.evaluate_stage(stage, params, graphdef)
+    return {"run": str(run.dir), "task": name, "split": split, "step": meta["step"], "metrics": metrics}
+
+
+def jax_devices_summary() -> str:
+    d = jax.devices()
+    return f"{len(d)} x {d[0].platform}"
