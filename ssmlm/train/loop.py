@@ -94,10 +94,12 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
     opt_state = tx.init(params)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     start = 0
+    last: dict[str, float] = {}
     latest = ckpt.latest_step()
     if latest is not None:
         params, opt_state, meta = ckpt.restore(latest, params, opt_state)
         start = int(meta["step"])
+        last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
         log.truncate_after(start)
         console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})")
 
@@ -120,7 +122,6 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
         ckpt.save(step, params, opt_state, {**meta, "metrics": metrics})
 
     summary: dict[str, Any] = {"kind": stage.kind, "start_step": start, "total_steps": total}
-    last: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
     step = start
     t_start = time.time()
