@@ -115,7 +115,7 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
         (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
     def save(step: int, metrics: dict) -> None:
         meta = {"step": step, "data_position": step, "total_steps": total, "kind": stage.kind, **stage.meta}

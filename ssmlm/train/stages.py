@@ -308,7 +308,7 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False) -> dict[str, An
         model=dataclasses.replace(source.recipe.model, dropout=recipe.model.dropout),
         data=source.recipe.data,
         task=dataclasses.replace(
-            recipe.task, name=td.name, max_seq_length=max_len, num_labels=td.num_labels,
+            recipe.task, max_seq_length=max_len, num_labels=td.num_labels,
             text_fields=list(td.text_fields), label_field=td.label_field,
         ),  # fmt: skip
     )
@@ -361,10 +361,11 @@ def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: 
     model, meta = run.load_model()
     graphdef, params = nnx.split(model, nnx.Param)
     if run.kind == "finetune":
-        task = recipe_task or run.recipe.task
-        if task.name and task.name != run.info["task"] and not task.train_file:
+        base = run.recipe.task
+        task = recipe_task or base
+        if task.name and task.name != base.name:
             raise UserError(f"{run.dir} was finetuned on '{run.info['task']}', not '{task.name}'")
-        task = dataclasses.replace(task, name=task.name or run.info["task"], max_seq_length=run.recipe.task.max_seq_length)
+        task = dataclasses.replace(task, max_seq_length=base.max_seq_length)
         data, arrays = encoded_task(dataclasses.replace(run.recipe, task=task), run.tokenizer(), task.max_seq_length)
         if split not in arrays:
             raise UserError(f"task {data.definition.name} has no '{split}' split (has {list(arrays)})")

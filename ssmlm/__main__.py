@@ -1,0 +1,3 @@
+from ssmlm.cli import main
+
+main()
