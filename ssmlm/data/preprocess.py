@@ -117,6 +117,8 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
                     cols.setdefault(k, []).append(v)
             arrays = {k: np.concatenate(v) for k, v in cols.items()}
             counts[split] = {"sequences": int(len(arrays["input_ids"])), "unique_sequences": len(chunks)}
+            if not chunks:  # e.g. a one-document corpus has no held-out documents
+                continue
             parts[split] = datasets.Dataset(pa.table({k: _fixed_list(v) for k, v in arrays.items()}))
         datasets.DatasetDict(parts).save_to_disk(str(tmp))
         tok.save(str(tmp / "tokenizer.json"))

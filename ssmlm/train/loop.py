@@ -127,15 +127,18 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
     t_start = time.time()
     with progress_bar(quiet, "loss", "lr", "tok/s") as bar:
         task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", **{"tok/s": "-"})
-        t_window, steps_window = time.time(), 0
+        t_window, steps_window, window_sum = time.time(), 0, None
         try:
             while step < total:
                 batch = stage.batches(step)
                 params, opt_state, out = train_step(params, opt_state, batch, step)
                 step += 1
                 steps_window += 1
+                # Sum on device (no host sync per step); log the mean over the window.
+                window_sum = out if window_sum is None else jax.tree.map(jnp.add, window_sum, out)
                 if step % cfg.log_every == 0 or step == total:
-                    last = _to_host(out)
+                    last = {k: v / steps_window for k, v in _to_host(window_sum).items()}
+                    window_sum = None
                     if not np.isfinite(last["loss"]):
                         raise UserError(
                             f"training diverged: loss is {last['loss']} at step {step}; "
