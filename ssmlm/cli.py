@@ -29,6 +29,10 @@ SetOpt = Annotated[
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Run name (directory under train.out_dir).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+StopOpt = Annotated[
+    int | None,
+    typer.Option("--stop-after", help="Stop after N more steps with a checkpoint (time-limited job slots); re-run to go on."),
+]
 
 
 def _err(msg: str) -> None:
@@ -112,6 +116,7 @@ def pretrain(
     set_: SetOpt = None,
     name: NameOpt = None,
     quiet: QuietOpt = False,
+    stop_after: StopOpt = None,
 ):
     """MLM pretraining. Re-running the same command resumes from the newest checkpoint.
 
@@ -121,7 +126,7 @@ def pretrain(
 
     r = _load(recipe, set_, "default")
     run_dir = _run_dir(r, name)
-    summary = run_pretrain(r, run_dir, quiet=quiet)
+    summary = run_pretrain(r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
 
 
@@ -133,6 +138,7 @@ def extend_length(
     set_: SetOpt = None,
     name: NameOpt = None,
     quiet: QuietOpt = False,
+    stop_after: StopOpt = None,
 ):
     """Continue MLM training at a longer max_seq_length: SSM kernels are evaluated at the new length,
     the position table is extended, and the optimizer restarts with this stage's schedule.
@@ -146,7 +152,7 @@ def extend_length(
         r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=from_))
     src = Path(r.train.init_from or "")
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
-    summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet)
+    summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
 
 
@@ -185,6 +191,7 @@ def finetune(
     set_: SetOpt = None,
     name: NameOpt = None,
     quiet: QuietOpt = False,
+    stop_after: StopOpt = None,
 ):
     """Sequence classification or regression from a pretrained checkpoint (pooler + classifier).
 
@@ -197,7 +204,7 @@ def finetune(
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
     run_dir = _run_dir(r, name or f"{Path(ckpt).name}-{task_name}")
-    summary = run_finetune(r, run_dir, quiet=quiet)
+    summary = run_finetune(r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
     best = summary.get("best_validation")
     if best:

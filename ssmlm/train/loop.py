@@ -83,7 +83,12 @@ def evaluate_stage(stage: Stage, params, graphdef) -> dict[str, float]:
     return stage.score(outputs, batches) if outputs else {}
 
 
-def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dict[str, Any]:
+def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    """Train ``stage`` to its total steps, resuming from the run's newest checkpoint.
+
+    ``stop_after`` ends this invocation after that many more steps, with a checkpoint (for job slots
+    with a time limit); running again continues.
+    """
     cfg = recipe.train
     run_dir.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(run_dir / "metrics.jsonl")
@@ -101,9 +106,10 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
         start = int(meta["step"])
         last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
         log.truncate_after(start)
-        console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})")
+        console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True)
 
     base_key = jax.random.key(cfg.seed)
+    stop = min(total, start + stop_after) if stop_after else total
 
     @jax.jit
     def train_step(params, opt_state, batch, step):
@@ -117,7 +123,12 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
+    saved = {start} if latest is not None else set()
+
     def save(step: int, metrics: dict) -> None:
+        if step in saved:  # e.g. a periodic save right before a stop at the same step
+            return
+        saved.add(step)
         meta = {"step": step, "data_position": step, "total_steps": total, "kind": stage.kind, **stage.meta}
         ckpt.save(step, params, opt_state, {**meta, "metrics": metrics})
 
@@ -129,7 +140,7 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
         task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", **{"tok/s": "-"})
         t_window, steps_window, window_sum = time.time(), 0, None
         try:
-            while step < total:
+            while step < stop:
                 batch = stage.batches(step)
                 params, opt_state, out = train_step(params, opt_state, batch, step)
                 step += 1
@@ -167,7 +178,10 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False) -> dic
                 "run the same command again to resume"
             ) from None
 
-    if step > start or latest is None:
+    if step < total:
+        save(step, last)
+        summary["stopped_early"] = True
+    elif step > start or latest is None:
         eval_metrics = evaluate_stage(stage, params, graphdef)
         if eval_metrics:
             log.write({"step": step, "split": "validation", **eval_metrics})

@@ -197,7 +197,9 @@ def mlm_eval_data(data_dir: Path, recipe: Recipe):
     return lambda: eval_batches(split, recipe.train.batch_size, recipe.train.eval_batches, pad)
 
 
-def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", quiet: bool = False) -> dict[str, Any]:
+def pretrain(
+    recipe: Recipe, run_dir: Path, kind: str = "pretrain", quiet: bool = False, stop_after: int | None = None
+) -> dict[str, Any]:
     """MLM training; with ``kind='extend-length'`` it starts from ``train.init_from`` at a longer length."""
     source = None
     data_cfg = recipe.data
@@ -246,7 +248,7 @@ def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", quiet: bool 
         score=mlm_score,
         meta={"data_dir": str(data_dir), "steps_per_epoch": batches.steps_per_epoch},
     )
-    summary = loop.run(stage, recipe, run_dir, quiet=quiet)
+    summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     from ssmlm.analyze.plots import plot_metrics
 
     summary["loss_plot"] = str(plot_metrics(run_dir))
@@ -291,7 +293,7 @@ def task_eval_data(arrays: dict[str, np.ndarray], batch_size: int):
     return lambda: eval_batches(ArrayTable(arrays), batch_size, None, pad)
 
 
-def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False) -> dict[str, Any]:
+def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     if not recipe.train.init_from:
         raise UserError("finetune needs a pretrained run: pass --ckpt RUN_DIR")
     source = open_run(recipe.train.init_from)
@@ -340,7 +342,7 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False) -> dict[str, An
         score=classification_scorer(td.metrics),
         meta={"task": td.name, "steps_per_epoch": batches.steps_per_epoch},
     )
-    summary = loop.run(stage, recipe, run_dir, quiet=quiet)
+    summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.metrics[0])
     _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
