@@ -27,7 +27,9 @@ from ssmlm.errors import RecipeError
 class ModelConfig:
     """The encoder. Defaults are the BiGS paper's (Section 4 and Table 7) large model."""
 
-    arch: Literal["bigs"] = "bigs"  # registry name in ssmlm.models.MODELS
+    # bigs = gated/ssm; stack_ssm, gated_att and bert (= stack/att) are the BiGS paper's ablations;
+    # gmlp / amlp are "Pay Attention to MLPs". Registry: ssmlm.models.ENCODERS.
+    arch: Literal["bigs", "stack_ssm", "gated_att", "bert", "gmlp", "amlp"] = "bigs"
     vocab_size: int | None = None  # None: take it from the tokenizer
     hidden_size: int = 1024  # d
     num_layers: int = 23  # gated layers (BERT-large has 24 stacked ones; BiGS uses 23 to match size)
@@ -41,6 +43,14 @@ class ModelConfig:
     a_init: Literal["hippo", "lin", "inv"] = "hippo"  # S4D initialisation of A (official default: hippo)
     gelu: Literal["exact", "tanh"] = "exact"  # paper: GELU; official Flax code: tanh approximation
     pooler: Literal["non_padding_mean", "mean"] = "non_padding_mean"
+    ssm_kernels: Literal["shared", "per_channel"] = "shared"  # official BiGS: one kernel for all channels
+    num_heads: int = 16  # attention heads (gated_att, bert)
+    stack_norm: Literal["post", "pre"] = "post"  # stack_ssm / bert: BERT's post-LN, or pre-LN
+    sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = "split_multiplicative"  # gMLP Table 3
+    spatial: Literal["toeplitz", "dense"] = "toeplitz"  # gMLP spatial weights (Toeplitz for MLM: 2n-1 params)
+    tiny_attention_size: int = 64  # aMLP: width of the single-head attention
+    causal: bool = False  # gMLP: causal spatial weights (never look ahead)
+    remat: bool = False  # rematerialise each block in the backward pass (less memory, more compute)
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
 

@@ -6,11 +6,25 @@ import dataclasses
 
 from flax import nnx
 
-from ssmlm.models.bigs import BiGSEncoder
+import importlib
+
 from ssmlm.models.heads import MaskedLM, SequenceClassifier
 from ssmlm.recipe import ModelConfig
 
-ENCODERS = {"bigs": BiGSEncoder}
+# arch name -> "module:Class" (imported on use, so one family's module never loads another's)
+ENCODERS = {
+    "bigs": "ssmlm.models.bigs:BiGSEncoder",
+    "stack_ssm": "ssmlm.models.stack:StackSSMEncoder",
+    "gated_att": "ssmlm.models.bigs:GatedAttentionEncoder",
+    "bert": "ssmlm.models.stack:BertEncoder",
+    "gmlp": "ssmlm.models.gmlp:GMLPEncoder",
+    "amlp": "ssmlm.models.gmlp:GMLPEncoder",
+}
+
+
+def encoder_class(arch: str):
+    module, name = ENCODERS[arch].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
@@ -19,13 +33,16 @@ def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
 
 def build_mlm(cfg: ModelConfig, seed: int = 0) -> MaskedLM:
     rngs = nnx.Rngs(params=seed)
-    return MaskedLM(ENCODERS[cfg.arch](cfg, rngs=rngs), cfg, rngs=rngs)
+    return MaskedLM(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def build_classifier(cfg: ModelConfig, num_labels: int, seed: int = 0) -> SequenceClassifier:
     rngs = nnx.Rngs(params=seed)
-    return SequenceClassifier(ENCODERS[cfg.arch](cfg, rngs=rngs), cfg, num_labels, rngs=rngs)
+    return SequenceClassifier(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, num_labels, rngs=rngs)
 
 
 def count_params(model: nnx.Module) -> int:
-    return sum(x.size for x in __import__("jax").tree.leaves(nnx.state(model, nnx.Param)))
+    """Parameters of a model (works on an abstract one from nnx.eval_shape: nothing is allocated)."""
+    import jax
+
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

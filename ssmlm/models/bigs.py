@@ -25,50 +25,26 @@ Differences from the official Flax code, as options of ModelConfig:
   a_init="hippo" (official default) vs "lin" / "inv"; the kernel is evaluated at the input length
   (the official code asserts input length == max_position_embeddings; padding to that length is the
   data pipeline's job here).
+Ablation (paper Table 1, "gated/att"): GatedAttentionLayer keeps V, U and O and replaces the SSM routing
+(W_f, W_b, SSM_f, SSM_b, W_u1, W_u2: 4d² parameters) by bidirectional multi-head self-attention (Q, K, V,
+O: 4d²), U = σ(W_u Attn(X)). The paper gives no code for it; this reading keeps the ≈13d² per layer of
+its parameter accounting. Option ssm_kernels="per_channel" gives every channel its own S4D (standard S4D)
+instead of the paper's shared kernel.
 Names of the official parameters: W_v=dv, W_f=du_forward, W_b=du_backward, W_u1=duc_forward,
 W_u2=duc_backward, W_u=dol, W_o=do, SSM_f=fs4, SSM_b=bs4.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models import s4d
+from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, dropout, gelu, layer_norm
 from ssmlm.recipe import ModelConfig
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-def dense(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, init=None) -> nnx.Linear:
-    return nnx.Linear(
-        d_in,
-        d_out,
-        kernel_init=init or nnx.initializers.normal(cfg.initializer_range),
-        bias_init=nnx.initializers.zeros,
-        dtype=DTYPES[cfg.compute_dtype],
-        param_dtype=DTYPES[cfg.param_dtype],
-        rngs=rngs,
-    )
-
-
-def layer_norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(dim, epsilon=cfg.layer_norm_eps, param_dtype=DTYPES[cfg.param_dtype], rngs=rngs)
-
-
-def gelu(cfg: ModelConfig):
-    return functools.partial(jax.nn.gelu, approximate=cfg.gelu == "tanh")
-
-
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout with an explicit key; rng=None means deterministic (evaluation)."""
-    if rng is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+__all__ = ["DTYPES", "dense", "dropout", "gelu", "layer_norm", "SSM", "GatedLayer", "BiGSEncoder"]
 
 
 def flip(x: jax.Array) -> jax.Array:
@@ -76,21 +52,26 @@ def flip(x: jax.Array) -> jax.Array:
 
 
 class SSM(nnx.Module):
-    """One S4D kernel shared across channels: A_re, A_im (N,), C (N, 2), D (1,), log_step (1,) — 4N+2 params."""
+    """S4D with B = 1: A_re, A_im (N,), C (N, 2), D (1,), log_step (1,) — 4N+2 parameters shared by all
+    channels (paper), or the same per channel with a leading H axis (ssm_kernels="per_channel")."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         n = cfg.num_ssm
+        lead = (cfg.hidden_size,) if cfg.ssm_kernels == "per_channel" else ()
         a_re, a_im = s4d.init_a(n, cfg.a_init)
-        self.A_re = nnx.Param(jnp.asarray(a_re))
-        self.A_im = nnx.Param(jnp.asarray(a_im))
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (n, 2)) * jnp.sqrt(0.5))
-        self.D = nnx.Param(jnp.ones((1,)))
+        self.A_re = nnx.Param(jnp.broadcast_to(jnp.asarray(a_re), (*lead, n)))
+        self.A_im = nnx.Param(jnp.broadcast_to(jnp.asarray(a_im), (*lead, n)))
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (*lead, n, 2)) * jnp.sqrt(0.5))
+        self.D = nnx.Param(jnp.ones(lead or (1,)))
         self.log_step = nnx.Param(
-            jax.random.uniform(rngs.params(), (1,), minval=jnp.log(0.01), maxval=jnp.log(1.0))
+            jax.random.uniform(rngs.params(), (*lead, 1), minval=jnp.log(0.01), maxval=jnp.log(1.0))
         )
 
     def kernel(self, length: int) -> jax.Array:
-        return s4d.s4d_kernel(self.A_re[...], self.A_im[...], self.C[...], self.log_step[...], length)
+        """(L,) for a shared kernel, (H, L) per channel."""
+        fn = lambda a_re, a_im, c, log_step: s4d.s4d_kernel(a_re, a_im, c, log_step, length)  # noqa: E731
+        args = (self.A_re[...], self.A_im[...], self.C[...], self.log_step[...])
+        return jax.vmap(fn)(*args) if args[0].ndim == 2 else fn(*args)
 
     def __call__(self, u: jax.Array) -> jax.Array:
         return s4d.causal_conv(u, self.kernel(u.shape[1]), self.D[...])
@@ -111,7 +92,8 @@ class GatedLayer(nnx.Module):
         self.w_o = dense(cfg, d3, d, rngs)
         self.act = gelu(cfg)
 
-    def __call__(self, x_i: jax.Array) -> jax.Array:
+    def __call__(self, x_i: jax.Array, mask=None, rng=None) -> jax.Array:
+        # mask/rng: uniform block interface; the paper's SSM routing masks no padding and has no dropout.
         σ = self.act
         x = self.norm(x_i)
         v = σ(self.w_v(x))
@@ -124,57 +106,46 @@ class GatedLayer(nnx.Module):
         return x_i + o
 
 
-class Embeddings(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        init = nnx.initializers.normal(cfg.initializer_range)
-        kw = dict(embedding_init=init, param_dtype=DTYPES[cfg.param_dtype], rngs=rngs)
-        self.word = nnx.Embed(cfg.vocab_size, cfg.hidden_size, **kw)
-        self.position = nnx.Embed(cfg.max_seq_length, cfg.hidden_size, **kw)
-        self.token_type = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
-        self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
-        self.rate = cfg.dropout
-
-    def __call__(self, input_ids, token_type_ids, rng) -> jax.Array:
-        length = input_ids.shape[1]
-        if length > self.position.num_embeddings:
-            raise ValueError(
-                f"input length {length} exceeds max_seq_length {self.position.num_embeddings}; "
-                "use extend-length to train a longer model"
-            )
-        h = self.word(input_ids) + self.token_type(token_type_ids) + self.position(jnp.arange(length))[None]
-        return dropout(self.norm(h), self.rate, rng)
-
-
-class BiGSEncoder(nnx.Module):
-    """Embeddings and the stack of gated layers; returns hidden states (B, L, d)."""
+class GatedAttentionLayer(nnx.Module):
+    """gated/att: the gated block with attention routing (see the module docstring)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.embeddings = Embeddings(cfg, rngs=rngs)
-        self.layers = nnx.List([GatedLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        d, d3 = cfg.hidden_size, cfg.intermediate_size
+        self.norm = layer_norm(cfg, d, rngs)
+        self.w_v = dense(cfg, d, d3, rngs)
+        self.attention = MultiHeadAttention(cfg, rngs=rngs)
+        self.w_u = dense(cfg, d, d3, rngs)
+        self.w_o = dense(cfg, d3, d, rngs)
+        self.act = gelu(cfg)
 
-    def word_embeddings(self) -> jax.Array:
-        return self.embeddings.word.embedding[...]
+    def __call__(self, x_i: jax.Array, mask=None, rng=None) -> jax.Array:
+        σ = self.act
+        x = self.norm(x_i)
+        v = σ(self.w_v(x))
+        u = σ(self.w_u(self.attention(x, mask, rng)))
+        return x_i + self.w_o(u * v)
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, rng=None) -> jax.Array:
-        # attention_mask is accepted for a uniform encoder interface; like the paper's model, the SSM
-        # routing does not mask padding (inputs are right-padded; only the pooler uses the mask).
-        if token_type_ids is None:
-            token_type_ids = jnp.zeros_like(input_ids)
-        h = self.embeddings(input_ids, token_type_ids, rng)
-        for layer in self.layers:
-            h = layer(h)
-        return h
+
+class BiGSEncoder(Encoder):
+    """Embeddings and the stack of gated SSM layers; returns hidden states (B, L, d)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, GatedLayer, rngs=rngs)
 
     def kernels(self, length: int) -> tuple[jax.Array, jax.Array]:
-        """Forward and backward kernels of every layer, each (num_layers, L) — for `analyze kernels`."""
-        fwd = jnp.stack([layer.ssm_f.kernel(length) for layer in self.layers])
-        bwd = jnp.stack([layer.ssm_b.kernel(length) for layer in self.layers])
-        return fwd, bwd
+        """Forward and backward kernels of every layer, each (num_layers, L) — for `analyze kernels`.
+        With per-channel kernels the mean over channels is returned."""
+        k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731
+        return jnp.stack([k(layer.ssm_f) for layer in self.layers]), jnp.stack([k(layer.ssm_b) for layer in self.layers])
+
+
+class GatedAttentionEncoder(Encoder):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, GatedAttentionLayer, rngs=rngs)
 
 
 def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
-    """Closed-form parameter count (bigs_official.md §6.1), used by tests and dry runs."""
+    """Closed-form parameter count of BiGS (bigs_official.md §6.1), used by tests and dry runs."""
     h, i, v, n = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_ssm
     per_layer = 3 * h * i + 4 * h * h + 2 * i + 7 * h + 2 * (4 * n + 2)
     embeddings = v * h + cfg.max_seq_length * h + cfg.type_vocab_size * h + 2 * h

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.bigs import dense, dropout, layer_norm
+from ssmlm.models.layers import dense, dropout, layer_norm
 from ssmlm.recipe import ModelConfig
 
 LECUN = nnx.initializers.lecun_normal()
@@ -36,7 +36,8 @@ class MaskedLM(nnx.Module):
         self.mlm_head = MLMHead(cfg, rngs=rngs)
 
     def __call__(self, input_ids, positions=None, token_type_ids=None, *, rng=None) -> jax.Array:
-        h = self.encoder(input_ids, token_type_ids, rng=rng)
+        # [PAD] is id 0 in every ssmlm dataset; attention encoders mask it, SSM/gMLP ones ignore the mask.
+        h = self.encoder(input_ids, token_type_ids, (input_ids != 0).astype(jnp.int32), rng=rng)
         if positions is not None:
             # Only masked slots carry a loss; gathering them first gives the same loss as the official
             # all-position logits at a fraction of the vocabulary matmul.

@@ -79,15 +79,17 @@ def s4d_kernel(a_re, a_im, c, log_step, length: int) -> jax.Array:
 
 
 def causal_conv(u: jax.Array, k: jax.Array, d: jax.Array) -> jax.Array:
-    """y = K ∗ u + D·u along axis 1 of u (B, L, H), with one kernel K (L,) for all channels.
+    """y = K ∗ u + D·u along axis 1 of u (B, L, H), with one kernel K (L,) for all channels, or one
+    per channel (H, L) with D (H,).
 
     FFT with zero padding to 2L so the circular convolution equals the linear (causal) one.
     """
     length = u.shape[1]
     dtype = u.dtype
     uf = jnp.fft.rfft(u.astype(jnp.float32), n=2 * length, axis=1)
-    kf = jnp.fft.rfft(k, n=2 * length)
-    y = jnp.fft.irfft(uf * kf[None, :, None], n=2 * length, axis=1)[:, :length]
+    kf = jnp.fft.rfft(k, n=2 * length, axis=-1)  # (F,) or (H, F)
+    kf = kf[None, :, None] if k.ndim == 1 else kf.T[None]
+    y = jnp.fft.irfft(uf * kf, n=2 * length, axis=1)[:, :length]
     return (y + d * u.astype(jnp.float32)).astype(dtype)
 
 

@@ -1,0 +1,131 @@
+"""Building blocks shared by the encoders: dense/LayerNorm constructors, explicit-key dropout,
+BERT-style embeddings, bidirectional multi-head attention, and the generic encoder stack."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ssmlm.recipe import ModelConfig
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def dense(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, init=None) -> nnx.Linear:
+    """Dense layer with bias; kernel N(0, initializer_range²) unless ``init`` is given, bias 0."""
+    return nnx.Linear(
+        d_in,
+        d_out,
+        kernel_init=init or nnx.initializers.normal(cfg.initializer_range),
+        bias_init=nnx.initializers.zeros,
+        dtype=DTYPES[cfg.compute_dtype],
+        param_dtype=DTYPES[cfg.param_dtype],
+        rngs=rngs,
+    )
+
+
+def layer_norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(dim, epsilon=cfg.layer_norm_eps, param_dtype=DTYPES[cfg.param_dtype], rngs=rngs)
+
+
+def gelu(cfg: ModelConfig):
+    return functools.partial(jax.nn.gelu, approximate=cfg.gelu == "tanh")
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout with an explicit key; rng=None means deterministic (evaluation)."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def fold(rng: jax.Array | None, i: int) -> jax.Array | None:
+    return None if rng is None else jax.random.fold_in(rng, i)
+
+
+class Embeddings(nnx.Module):
+    """word + token type (+ learned absolute position) embeddings → LayerNorm → dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, positions: bool = True):
+        init = nnx.initializers.normal(cfg.initializer_range)
+        kw = dict(embedding_init=init, param_dtype=DTYPES[cfg.param_dtype], rngs=rngs)
+        self.word = nnx.Embed(cfg.vocab_size, cfg.hidden_size, **kw)
+        self.position = nnx.Embed(cfg.max_seq_length, cfg.hidden_size, **kw) if positions else None
+        self.token_type = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
+        self.norm = layer_norm(cfg, cfg.hidden_size, rngs)
+        self.rate = cfg.dropout
+        self.max_len = cfg.max_seq_length
+
+    def __call__(self, input_ids, token_type_ids, rng) -> jax.Array:
+        length = input_ids.shape[1]
+        if length > self.max_len:
+            raise ValueError(
+                f"input length {length} exceeds max_seq_length {self.max_len}; use extend-length to train a longer model"
+            )
+        h = self.word(input_ids) + self.token_type(token_type_ids)
+        if self.position is not None:
+            h = h + self.position(jnp.arange(length))[None]
+        return dropout(self.norm(h), self.rate, rng)
+
+
+class MultiHeadAttention(nnx.Module):
+    """softmax(QKᵀ/√d_head) V over all positions (bidirectional); padded keys get no weight."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, d_in: int | None = None, d_attn: int | None = None,
+                 d_out: int | None = None, num_heads: int | None = None):  # fmt: skip
+        d_in = d_in or cfg.hidden_size
+        self.d_attn = d_attn or cfg.hidden_size
+        self.num_heads = num_heads or cfg.num_heads
+        if self.d_attn % self.num_heads:
+            raise ValueError(f"attention width {self.d_attn} is not divisible by num_heads {self.num_heads}")
+        self.query = dense(cfg, d_in, self.d_attn, rngs)
+        self.key = dense(cfg, d_in, self.d_attn, rngs)
+        self.value = dense(cfg, d_in, self.d_attn, rngs)
+        self.out = dense(cfg, self.d_attn, d_out or cfg.hidden_size, rngs)
+        self.rate = cfg.dropout
+
+    def __call__(self, x, mask=None, rng=None, causal: bool = False) -> jax.Array:
+        b, n, _ = x.shape
+        split = lambda t: t.reshape(b, n, self.num_heads, -1)  # noqa: E731
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+        allowed = jnp.ones((b, 1, n, n), bool)
+        if mask is not None:
+            allowed = allowed & (mask[:, None, None, :] > 0)
+        if causal:
+            allowed = allowed & jnp.tril(jnp.ones((n, n), bool))[None, None]
+        probs = jax.nn.softmax(jnp.where(allowed, logits, -1e9), axis=-1).astype(x.dtype)
+        probs = dropout(probs, self.rate, rng)
+        return self.out(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, self.d_attn))
+
+
+class Encoder(nnx.Module):
+    """Embeddings, then ``num_layers`` blocks ``layer(h, mask, rng) -> h``, then an optional final norm.
+
+    With ``cfg.remat`` each block's activations are recomputed in the backward pass instead of stored.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_cls, *, rngs: nnx.Rngs, positions: bool = True,
+                 final_norm: bool = False):  # fmt: skip
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg, rngs=rngs, positions=positions)
+        self.layers = nnx.List([layer_cls(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = layer_norm(cfg, cfg.hidden_size, rngs) if final_norm else None
+
+    def word_embeddings(self) -> jax.Array:
+        return self.embeddings.word.embedding[...]
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, rng=None) -> jax.Array:
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        h = self.embeddings(input_ids, token_type_ids, fold(rng, 0))
+        for i, layer in enumerate(self.layers):
+            call = nnx.remat(type(layer).__call__) if self.cfg.remat else type(layer).__call__
+            h = call(layer, h, attention_mask, fold(rng, i + 1))
+        return self.final_norm(h) if self.final_norm is not None else h

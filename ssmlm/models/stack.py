@@ -1,0 +1,87 @@
+"""Stacked (Transformer-style) encoders of the BiGS paper's ablations (Section 4, Figure 2 "stack").
+
+Each layer is a routing sublayer followed by a feed-forward sublayer, each wrapped in a residual with
+dropout and LayerNorm — after the residual (post-LN, BERT's original) or before the sublayer (pre-LN,
+``stack_norm: pre``, with a final LayerNorm):
+
+    stack/att = BERT:   route(X) = MultiHeadAttention(X)                                   4d² params
+    stack/ssm:          route(X) = W_bo Flip(SSM_b(Flip(W_bi · W_fo SSM_f(W_fi X))))       4d² params
+    FFN(X) = W_2 GELU(W_1 X)   (W_1: d → I, W_2: I → d; I = 4d at BERT-large)              8d² params
+
+"We replace the attention block with two sequential SSM blocks to mimic the nature of bi-directional
+self-attention": the paper gives no code for stack/ssm, so this reading uses two SSM blocks in sequence,
+forward then backward, each an input and an output projection around one S4D (the same shared-kernel SSM
+as BiGS). Their four d×d projections take the place of attention's Q, K, V, O, which keeps the ≈12d² per
+layer of the paper's parameter accounting (BiGS's gated layer is ≈13d²; hence 24 stacked vs 23 gated
+layers at the same size).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from ssmlm.models.bigs import SSM, flip
+from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm
+from ssmlm.recipe import ModelConfig
+
+
+class SSMRoute(nnx.Module):
+    """Two sequential SSM blocks: forward (causal) then backward (anti-causal)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        self.w_fi, self.ssm_f, self.w_fo = dense(cfg, d, d, rngs), SSM(cfg, rngs=rngs), dense(cfg, d, d, rngs)
+        self.w_bi, self.ssm_b, self.w_bo = dense(cfg, d, d, rngs), SSM(cfg, rngs=rngs), dense(cfg, d, d, rngs)
+
+    def __call__(self, x, mask=None, rng=None) -> jax.Array:
+        h = self.w_fo(self.ssm_f(self.w_fi(x)))
+        return self.w_bo(flip(self.ssm_b(flip(self.w_bi(h)))))
+
+
+class StackLayer(nnx.Module):
+    route_cls = MultiHeadAttention
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.route = self.route_cls(cfg, rngs=rngs)
+        self.norm1 = layer_norm(cfg, d, rngs)
+        self.ffn_in = dense(cfg, d, i, rngs)
+        self.ffn_out = dense(cfg, i, d, rngs)
+        self.norm2 = layer_norm(cfg, d, rngs)
+        self.act = gelu(cfg)
+        self.rate = cfg.dropout
+        self.pre_norm = cfg.stack_norm == "pre"
+
+    def __call__(self, x, mask=None, rng=None) -> jax.Array:
+        ffn = lambda h: self.ffn_out(self.act(self.ffn_in(h)))  # noqa: E731
+        if self.pre_norm:
+            x = x + dropout(self.route(self.norm1(x), mask, fold(rng, 0)), self.rate, fold(rng, 1))
+            return x + dropout(ffn(self.norm2(x)), self.rate, fold(rng, 2))
+        x = self.norm1(x + dropout(self.route(x, mask, fold(rng, 0)), self.rate, fold(rng, 1)))
+        return self.norm2(x + dropout(ffn(x), self.rate, fold(rng, 2)))
+
+
+class StackSSMLayer(StackLayer):
+    route_cls = SSMRoute
+
+
+class BertEncoder(Encoder):
+    """stack/att: BERT (Devlin et al. 2019), post-LN by default."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, StackLayer, rngs=rngs, final_norm=cfg.stack_norm == "pre")
+
+
+class StackSSMEncoder(Encoder):
+    """stack/ssm: the BERT layer with its attention replaced by two sequential SSM blocks."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, StackSSMLayer, rngs=rngs, final_norm=cfg.stack_norm == "pre")
+
+    def kernels(self, length: int):
+        k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731
+        import jax.numpy as jnp
+
+        return (jnp.stack([k(layer.route.ssm_f) for layer in self.layers]),
+                jnp.stack([k(layer.route.ssm_b) for layer in self.layers]))  # fmt: skip
