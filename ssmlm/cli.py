@@ -29,6 +29,9 @@ SetOpt = Annotated[
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Run name (directory under train.out_dir).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+DryOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Validate, build the model abstractly, print size/FLOPs/memory, exit.")
+]
 StopOpt = Annotated[
     int | None,
     typer.Option("--stop-after", help="Stop after N more steps with a checkpoint (time-limited job slots); re-run to go on."),
@@ -69,6 +72,25 @@ def _load(recipe: str | None, overrides: list[str] | None, default: str):
 
 def _run_dir(recipe, name: str | None) -> Path:
     return Path(recipe.train.out_dir) / (name or recipe.name)
+
+
+def _print_plan(p: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    t = Table(title=f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
+    t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, ffn={p['intermediate_size']}")
+    t.add_row("sequence length / vocab", f"{p['seq_len']} / {p['vocab_size']:,}")
+    t.add_row("parameters", f"{p['params_total']:,} ({p['params_total'] / 1e6:.1f}M)")
+    t.add_row("parameters without embeddings", f"{p['params_non_embedding']:,} ({p['params_non_embedding'] / 1e6:.1f}M)")
+    t.add_row("training FLOPs / token", f"{p['train_flops_per_token']:.3e}")
+    t.add_row("tokens / step", f"{p['tokens_per_step']:,}")
+    t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps")
+    m = p["memory_bytes"]
+    t.add_row("memory: params / AdamW / grads", f"{gib(m['params'])} / {gib(m['optimizer'])} / {gib(m['gradients'])}")
+    t.add_row("memory: total (before activations)", gib(m["total"]))
+    Console().print(t)
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -117,14 +139,19 @@ def pretrain(
     name: NameOpt = None,
     quiet: QuietOpt = False,
     stop_after: StopOpt = None,
+    dry_run: DryOpt = False,
 ):
     """MLM pretraining. Re-running the same command resumes from the newest checkpoint.
 
     Example: ssmlm pretrain recipes/bigs_full.yaml
     """
+    r = _load(recipe, set_, "default")
+    if dry_run:
+        from ssmlm.train.plan import plan
+
+        return _print_plan(plan(r))
     from ssmlm.train.stages import pretrain as run_pretrain
 
-    r = _load(recipe, set_, "default")
     run_dir = _run_dir(r, name)
     summary = run_pretrain(r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
@@ -192,6 +219,7 @@ def finetune(
     name: NameOpt = None,
     quiet: QuietOpt = False,
     stop_after: StopOpt = None,
+    dry_run: DryOpt = False,
 ):
     """Sequence classification or regression from a pretrained checkpoint (pooler + classifier).
 
@@ -201,6 +229,12 @@ def finetune(
 
     r = _load(recipe, set_, "finetune_default")
     r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels)
+    if dry_run:
+        from ssmlm.data.tasks import get_task
+        from ssmlm.train.plan import plan_finetune
+
+        k = r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
+        return _print_plan(plan_finetune(r, ckpt, k))
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
     run_dir = _run_dir(r, name or f"{Path(ckpt).name}-{task_name}")
@@ -268,6 +302,25 @@ def analyze_kernels(
     run = open_run(ckpt)
     result = run_kernels(run, Path(out) if out else run.dir / "analysis", window=window)
     typer.echo(json.dumps(result, indent=2))
+
+
+@app.command("import-bigs")
+@user_errors
+def import_bigs(
+    src: Annotated[str, typer.Argument(help="Directory with config.json + flax_model.msgpack, or hub:JunxiongWang/BiGS_512.")],
+    out: Annotated[str, typer.Option("--out", help="Run directory to create.")],
+    task: Annotated[str | None, typer.Option("--task", help="Task of a classification checkpoint (default: its finetuning_task).")] = None,
+):
+    """Import a released BiGS checkpoint (Hugging Face Flax layout) as an ssmlm run, to finetune or analyse.
+
+    Example: ssmlm import-bigs hub:JunxiongWang/BiGS_512 --out runs/bigs_512_official
+    """
+    from ssmlm.models.convert import import_bigs as run_import
+    from ssmlm.train.stages import open_run
+
+    run = open_run(run_import(src, out, task=task))
+    info = {"run": str(run.dir), "kind": run.kind, "source": run.info["source"], "max_seq_length": run.recipe.model.max_seq_length}
+    typer.echo(json.dumps(info, indent=2))
 
 
 @app.command()

@@ -8,7 +8,7 @@ from flax import nnx
 
 import importlib
 
-from ssmlm.models.heads import MaskedLM, SequenceClassifier
+from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
 from ssmlm.recipe import ModelConfig
 
 # arch name -> "module:Class" (imported on use, so one family's module never loads another's)
@@ -39,6 +39,16 @@ def build_mlm(cfg: ModelConfig, seed: int = 0) -> MaskedLM:
 def build_classifier(cfg: ModelConfig, num_labels: int, seed: int = 0) -> SequenceClassifier:
     rngs = nnx.Rngs(params=seed)
     return SequenceClassifier(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, num_labels, rngs=rngs)
+
+
+def build_span(cfg: ModelConfig, seed: int = 0) -> SpanExtractor:
+    rngs = nnx.Rngs(params=seed)
+    return SpanExtractor(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
+
+
+def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
+    rngs = nnx.Rngs(params=seed)
+    return MultipleChoice(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def count_params(model: nnx.Module) -> int:

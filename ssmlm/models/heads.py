@@ -73,3 +73,38 @@ class SequenceClassifier(nnx.Module):
         h = self.encoder(input_ids, token_type_ids, attention_mask, rng=enc_rng)
         pooled = dropout(self.pooler(h, attention_mask), self.rate, head_rng)
         return self.classifier(pooled).astype(jnp.float32)
+
+
+class SpanExtractor(nnx.Module):
+    """Extractive QA (SQuAD): a start and an end logit for every position; padding gets -inf."""
+
+    def __init__(self, encoder: nnx.Module, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.encoder = encoder
+        self.qa_outputs = dense(cfg, cfg.hidden_size, 2, rngs, init=LECUN)
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None) -> tuple[jax.Array, jax.Array]:
+        h = self.encoder(input_ids, token_type_ids, attention_mask, rng=rng)
+        logits = self.qa_outputs(h).astype(jnp.float32)
+        logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)
+        return logits[..., 0], logits[..., 1]
+
+
+class MultipleChoice(nnx.Module):
+    """Each (context, choice) pair is encoded separately, pooled and scored; softmax over choices.
+
+    Inputs are (B, C, L): B questions with C choices each. Returns (B, C) logits.
+    """
+
+    def __init__(self, encoder: nnx.Module, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.encoder = encoder
+        self.pooler = Pooler(cfg, rngs=rngs)
+        self.classifier = dense(cfg, cfg.hidden_size, 1, rngs, init=LECUN)
+        self.rate = cfg.dropout
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None) -> jax.Array:
+        b, c, n = input_ids.shape
+        flat = lambda x: None if x is None else x.reshape(b * c, n)  # noqa: E731
+        enc_rng, head_rng = jax.random.split(rng) if rng is not None else (None, None)
+        h = self.encoder(flat(input_ids), flat(token_type_ids), flat(attention_mask), rng=enc_rng)
+        pooled = dropout(self.pooler(h, flat(attention_mask)), self.rate, head_rng)
+        return self.classifier(pooled).astype(jnp.float32).reshape(b, c)

@@ -145,6 +145,10 @@ def transplant(target: nnx.Module, source_params, position_init: str = "tile") -
             else:
                 value = new.at[:n_old].set(old)
             report["extended"] += 1
+        elif path[0] == "classifier":  # a new label space (e.g. MRPC from an MNLI run): fresh classifier
+            report["fresh"] += 1
+            flat.append((path, var))
+            continue
         else:
             raise CheckpointError(
                 f"cannot load parameter {'/'.join(map(str, path))}: checkpoint shape {old.shape}, model {new.shape}"
@@ -377,6 +381,11 @@ def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: 
     else:
         if recipe_task is not None and recipe_task.name:
             raise UserError(f"{run.dir} is a pretraining run; finetune it on '{recipe_task.name}' first")
+        if not run.info.get("data_dir"):
+            raise UserError(
+                f"{run.dir}: has no MLM data of its own (imported from {run.info.get('source')}); "
+                "finetune it or evaluate a task"
+            )
         data_dir = Path(run.info["data_dir"])
         ev = mlm_eval_data(data_dir, dataclasses.replace(run.recipe, train=dataclasses.replace(run.recipe.train, batch_size=batch_size, eval_batches=0)))  # fmt: skip
         if ev is None:

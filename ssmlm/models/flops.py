@@ -1,0 +1,62 @@
+"""Parameter counts, training FLOPs per token and parameter/optimizer memory — without allocating.
+
+FLOPs use the usual 6N rule (2 per parameter forward, 4 backward) for every dense/embedding-free
+parameter, plus the parts whose cost is not one multiply-add per parameter per token:
+  attention scores and mixing      12 · L · d per layer (QKᵀ and AV, forward + backward)
+  S4D via FFT                      ≈ 30 · log2(2L) per channel per SSM (three length-2L FFTs, ×3)
+  gMLP spatial projection          3 · L · d_ffn/2 · 2 per layer (an L×L matrix per gate channel)
+  tied MLM decoder                 6 · d · V · (predictions / L) (logits only at masked positions)
+"""
+
+from __future__ import annotations
+
+import math
+
+from flax import nnx
+
+from ssmlm.recipe import ModelConfig
+
+
+def _leaves(model) -> list[tuple[str, int]]:
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return [("/".join(map(str, path)), int(v.get_value().size)) for path, v in flat]
+
+
+def param_counts(model) -> dict[str, int]:
+    leaves = _leaves(model)
+    total = sum(n for _, n in leaves)
+    embed = sum(n for p, n in leaves if "/embeddings/" in f"/{p}/" and p.rsplit("/", 2)[-2] != "norm")
+    spatial = sum(n for p, n in leaves if "spatial" in p)
+    return {"total": total, "embeddings": embed, "non_embedding": total - embed, "spatial": spatial}
+
+
+def flops_per_token(model, cfg: ModelConfig, seq_len: int, predictions: int | None = None) -> float:
+    counts = param_counts(model)
+    d, n_layers = cfg.hidden_size, cfg.num_layers
+    dense_params = counts["non_embedding"] - counts["spatial"]
+    flops = 6.0 * dense_params
+    if cfg.arch in ("bert", "gated_att"):
+        flops += 12.0 * seq_len * d * n_layers
+    if cfg.arch in ("bigs", "stack_ssm"):
+        flops += 2 * n_layers * 30.0 * math.log2(2 * seq_len) * d
+    if cfg.arch in ("gmlp", "amlp"):
+        width = cfg.intermediate_size // 2 if cfg.sgu == "split_multiplicative" else cfg.intermediate_size
+        flops += 6.0 * seq_len * width * n_layers
+        if cfg.arch == "amlp":
+            flops += 12.0 * seq_len * cfg.tiny_attention_size * n_layers
+    if predictions is not None and cfg.vocab_size:
+        flops += 6.0 * d * cfg.vocab_size * predictions / seq_len
+    return flops
+
+
+def memory_bytes(model, cfg: ModelConfig) -> dict[str, int]:
+    """Parameters in their dtype, AdamW's two float32 moments, and float32 gradients."""
+    n = param_counts(model)["total"]
+    p_bytes = 2 if cfg.param_dtype == "bfloat16" else 4
+    return {"params": n * p_bytes, "optimizer": 2 * n * 4, "gradients": n * 4, "total": n * (p_bytes + 12)}
+
+
+def abstract(build) -> nnx.Module:
+    """A model whose parameters are shapes only (jax.ShapeDtypeStruct): nothing is allocated."""
+    return nnx.eval_shape(build)
+

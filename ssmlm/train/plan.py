@@ -1,0 +1,61 @@
+"""`--dry-run`: validate a recipe, build its model abstractly and report size, cost and memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ssmlm.data.preprocess import max_predictions
+from ssmlm.models import build_classifier, build_mlm, with_vocab
+from ssmlm.models.flops import abstract, flops_per_token, memory_bytes, param_counts
+from ssmlm.recipe import Recipe
+
+
+def _vocab_size(recipe: Recipe) -> int:
+    if recipe.model.vocab_size:
+        return recipe.model.vocab_size
+    if recipe.data.tokenizer == "train":
+        return recipe.data.vocab_size
+    from ssmlm.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(recipe.data.tokenizer).get_vocab_size()
+
+
+def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) -> dict:
+    """What a run of ``recipe`` would build and cost. Nothing is allocated, read or written."""
+    cfg = with_vocab(recipe.model, _vocab_size(recipe))
+    seq_len = recipe.seq_len if kind != "finetune" else (recipe.task.max_seq_length or cfg.max_seq_length)
+    if kind == "finetune":
+        model = abstract(lambda: build_classifier(cfg, num_labels or 2))
+        preds = None
+    else:
+        model = abstract(lambda: build_mlm(cfg))
+        preds = max_predictions(recipe.data, seq_len)
+    counts = param_counts(model)
+    per_token = flops_per_token(model, cfg, seq_len, preds)
+    tokens_per_step = recipe.train.batch_size * seq_len
+    return {
+        "recipe": recipe.name,
+        "kind": kind,
+        "arch": cfg.arch,
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "seq_len": seq_len,
+        "vocab_size": cfg.vocab_size,
+        "params_total": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
+        "train_flops_per_token": per_token,
+        "tokens_per_step": tokens_per_step,
+        "steps": recipe.train.steps,
+        "train_flops_total": per_token * tokens_per_step * recipe.train.steps,
+        "memory_bytes": memory_bytes(model, cfg),
+    }
+
+
+def plan_finetune(recipe: Recipe, source_dir: str | Path, num_labels: int) -> dict:
+    from ssmlm.train.stages import open_run
+
+    src = open_run(source_dir)
+    r = dataclasses.replace(recipe, model=dataclasses.replace(src.recipe.model, dropout=recipe.model.dropout))
+    return plan(r, "finetune", num_labels)
