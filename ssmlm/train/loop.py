@@ -83,6 +83,28 @@ def evaluate_stage(stage: Stage, params, graphdef) -> dict[str, float]:
     return stage.score(outputs, batches) if outputs else {}
 
 
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int):
+    """The jitted update: (params, opt_state, batch, step) -> (params, opt_state, metrics).
+
+    Dropout keys are fold_in(seed, step), so a step's randomness does not depend on how it was reached.
+    """
+    base_key = jax.random.key(seed)
+
+    @jax.jit
+    def train_step(params, opt_state, batch, step):
+        rng = jax.random.fold_in(base_key, step)
+
+        def loss_of(p):
+            return loss_fn(nnx.merge(graphdef, p), batch, rng)
+
+        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+
+    return train_step
+
+
 def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     """Train ``stage`` to its total steps, resuming from the run's newest checkpoint.
 
@@ -108,20 +130,8 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
         log.truncate_after(start)
         console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True)
 
-    base_key = jax.random.key(cfg.seed)
     stop = min(total, start + stop_after) if stop_after else total
-
-    @jax.jit
-    def train_step(params, opt_state, batch, step):
-        rng = jax.random.fold_in(base_key, step)
-
-        def loss_of(p):
-            return stage.loss_fn(nnx.merge(graphdef, p), batch, rng)
-
-        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+    train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed)
 
     saved = {start} if latest is not None else set()
 
