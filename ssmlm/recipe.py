@@ -119,6 +119,15 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh: batch over data x fsdp, parameters fully sharded over fsdp and split over tensor."""
+
+    data: int = -1  # -1: every device not used by the other axes
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
     name: str = "run"
     description: str = ""
@@ -126,6 +135,7 @@ class Recipe:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -203,17 +213,31 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def load_raw(ref: str | Path, _seen: tuple[Path, ...] = (), relative_to: Path | None = None) -> dict:
+def _record_origins(data: dict, file: str, origins: dict[str, str], prefix: str = "") -> None:
+    for k, v in data.items():
+        origins[prefix + str(k)] = file
+        if isinstance(v, dict):
+            _record_origins(v, file, origins, f"{prefix}{k}.")
+
+
+def load_raw(
+    ref: str | Path, _seen: tuple[Path, ...] = (), relative_to: Path | None = None, origins: dict | None = None
+) -> dict:
+    """The merged plain data of a recipe and its ``base:`` chain. ``origins`` (if given) receives, for
+    every dotted key, the file that set it last — so errors point at the file that holds the mistake."""
     path = resolve_path(str(ref), relative_to)
     if path in _seen:
         raise RecipeError(f"{path}: 'base:' chain loops back to itself")
     data = _read_yaml(path)
     base = data.pop("base", None)
+    own_name = data.get("name")
+    origins = origins if origins is not None else {}
     if base is not None:
         if not isinstance(base, str):
             raise RecipeError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
-        data = _merge(load_raw(base, _seen + (path,), relative_to=path.parent), data)
-    data.setdefault("name", path.stem)
+        data = _merge(load_raw(base, _seen + (path,), path.parent, origins), data)
+    _record_origins({k: v for k, v in _read_yaml(path).items() if k != "base"}, str(path), origins)
+    data["name"] = own_name or path.stem  # a variant is named after its own file, not its base
     return data
 
 
@@ -228,10 +252,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), parsed
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict, overrides: list[str], origins: dict | None = None) -> dict:
     data = json.loads(json.dumps(data))  # deep copy of plain data
     for text in overrides:
         keys, value = parse_override(text)
+        if origins is not None:
+            origins[".".join(keys)] = "--set"
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -244,14 +270,34 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def load_recipe(ref: str | Path | None, overrides: list[str] | None = None, default: str = "default") -> Recipe:
     """Load a recipe by path or shipped name (None: the shipped ``default``), apply overrides, validate."""
     ref = ref if ref is not None else default
-    raw = apply_overrides(load_raw(ref), overrides or [])
-    source = str(resolve_path(str(ref)))
-    return from_dict(Recipe, raw, source)
+    origins: dict[str, str] = {}
+    raw = apply_overrides(load_raw(ref, origins=origins), overrides or [], origins)
+    return from_dict(Recipe, raw, Origins(str(resolve_path(str(ref))), origins))
+
+
+class Origins(str):
+    """The recipe file, plus which file (or --set) set each dotted key, for error messages."""
+
+    def __new__(cls, file: str, by_key: dict[str, str]):
+        obj = super().__new__(cls, file)
+        obj.by_key = by_key
+        return obj
+
+    def of(self, dotted: str) -> str:
+        while dotted:
+            if dotted in self.by_key:
+                return self.by_key[dotted]
+            dotted = dotted.rpartition(".")[0].split("[")[0] if "." in dotted else ""
+        return str(self)
+
+
+def _src(source: str, dotted: str) -> str:
+    return source.of(dotted) if isinstance(source, Origins) else source
 
 
 def from_dict(cls, data: Any, source: str, path: str = ""):
     """Validate plain data into dataclass ``cls``; errors name the source file and dotted key."""
-    where = f"{source}: {path or '(top level)'}"
+    where = f"{_src(source, path)}: {path or '(top level)'}"
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: expected a mapping, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -262,7 +308,7 @@ def from_dict(cls, data: Any, source: str, path: str = ""):
         if key not in fields:
             hint = difflib.get_close_matches(str(key), list(fields), n=1)
             suggestion = f"; did you mean '{hint[0]}'?" if hint else f"; valid keys: {', '.join(fields)}"
-            raise RecipeError(f"{source}: unknown key '{dotted}'{suggestion}")
+            raise RecipeError(f"{_src(source, dotted)}: unknown key '{dotted}'{suggestion}")
         kwargs[key] = _coerce(hints[key], value, source, dotted)
     try:
         return cls(**kwargs)
@@ -285,7 +331,7 @@ def _type_name(tp) -> str:
 
 def _coerce(tp, value, source: str, dotted: str):
     origin = typing.get_origin(tp)
-    bad = RecipeError(f"{source}: '{dotted}' = {value!r}: expected {_type_name(tp)}")
+    bad = RecipeError(f"{_src(source, dotted)}: '{dotted}' = {value!r}: expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, source, dotted)
     if origin in (typing.Union, types.UnionType):
@@ -305,7 +351,7 @@ def _coerce(tp, value, source: str, dotted: str):
             return value
         hint = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], n=1)
         raise RecipeError(
-            f"{source}: '{dotted}' = {value!r}: expected {_type_name(tp)}"
+            f"{_src(source, dotted)}: '{dotted}' = {value!r}: expected {_type_name(tp)}"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
         )
     if origin is list:

@@ -33,8 +33,10 @@ class Batches:
     """Training batches from a saved ``datasets`` split (memory-mapped Arrow; only a batch is read)
     or from an ArrayTable."""
 
-    def __init__(self, dataset, batch_size: int, seed: int):
+    def __init__(self, dataset, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1)):
+        """``shard`` = (process index, process count): each process reads only its rows of a batch."""
         self.ds = dataset.with_format("numpy")
+        self.shard = shard
         self.n = len(self.ds)
         self.batch_size = batch_size
         self.seed = seed
@@ -51,7 +53,9 @@ class Batches:
         return np.sort(self._perm[i * self.batch_size : (i + 1) * self.batch_size])
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v) for k, v in self.ds[self.indices(step)].items()}
+        index, count = self.shard
+        rows = np.array_split(self.indices(step), count)[index]
+        return {k: np.asarray(v) for k, v in self.ds[rows].items()}
 
 
 def eval_batches(dataset, batch_size: int, max_batches: int | None = None, pad_row: dict | None = None):

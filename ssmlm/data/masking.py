@@ -61,6 +61,8 @@ def mask_batch(
     k = np.minimum(k, candidate.sum(1))
     scores = np.where(candidate, rng.random((n, length)), np.inf)
     order = np.argsort(scores, axis=1)[:, :max_predictions]
+    if order.shape[1] < max_predictions:  # more prediction slots than tokens: pad the slots
+        order = np.pad(order, ((0, 0), (0, max_predictions - order.shape[1])))
     chosen = np.arange(max_predictions)[None, :] < k[:, None]
     # unused slots sort to the end as `length`, then become 0
     positions = np.sort(np.where(chosen, order, length), axis=1)

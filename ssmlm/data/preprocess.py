@@ -110,7 +110,7 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
             cols: dict[str, list[np.ndarray]] = {}
             for d in range(dup):
                 m = mask_batch(
-                    base, set(ids.values()), vocab_size, ids["mask"], cfg.masked_lm_prob, p,
+                    base, {ids["pad"], ids["cls"], ids["sep"]}, vocab_size, ids["mask"], cfg.masked_lm_prob, p,
                     np.random.default_rng([cfg.seed, d, split == "train"]),
                 )
                 for k, v in m.items():

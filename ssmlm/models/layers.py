@@ -3,8 +3,6 @@ BERT-style embeddings, bidirectional multi-head attention, and the generic encod
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -31,8 +29,17 @@ def layer_norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(dim, epsilon=cfg.layer_norm_eps, param_dtype=DTYPES[cfg.param_dtype], rngs=rngs)
 
 
+def gelu_exact(x):
+    return jax.nn.gelu(x, approximate=False)
+
+
+def gelu_tanh(x):
+    return jax.nn.gelu(x, approximate=True)
+
+
 def gelu(cfg: ModelConfig):
-    return functools.partial(jax.nn.gelu, approximate=cfg.gelu == "tanh")
+    # module-level functions (not partials) so two models of one config have equal graph definitions
+    return gelu_tanh if cfg.gelu == "tanh" else gelu_exact
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:

@@ -59,8 +59,8 @@ def init_a(n: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
 
 def discretize_zoh(a: jax.Array, step: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Ā = exp(ΔA), B̄ = (exp(ΔA) - 1)/A with B = 1."""
-    a_bar = jnp.exp(step * a)
-    return a_bar, (a_bar - 1.0) / a
+    # expm1 keeps B̄ accurate when |ΔA| is tiny (exp(x) - 1 would cancel in float32)
+    return jnp.exp(step * a), jnp.expm1(step * a) / a
 
 
 def s4d_kernel(a_re, a_im, c, log_step, length: int) -> jax.Array:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import orbax.checkpoint as ocp
 
 from ssmlm.errors import CheckpointError
@@ -55,6 +56,12 @@ def load_params(run_dir: Path, abstract_params, step: int | None = None):
     ckpt_dir = (Path(run_dir) / "checkpoints").resolve()
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no checkpoints/ directory; is this an ssmlm run directory?")
+    # Read onto this process's first device, whatever mesh wrote the checkpoint.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract_params = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or device),
+        abstract_params,
+    )
     with ocp.CheckpointManager(ckpt_dir) as mgr:
         step = step if step is not None else mgr.latest_step()
         if step is None:

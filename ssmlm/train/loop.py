@@ -25,6 +25,7 @@ from ssmlm.errors import UserError
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
 from ssmlm.train.checkpoint import Checkpoints
+from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
 from ssmlm.train.optim import make_optimizer
 
 
@@ -83,14 +84,13 @@ def evaluate_stage(stage: Stage, params, graphdef) -> dict[str, float]:
     return stage.score(outputs, batches) if outputs else {}
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int):
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None):
     """The jitted update: (params, opt_state, batch, step) -> (params, opt_state, metrics).
 
     Dropout keys are fold_in(seed, step), so a step's randomness does not depend on how it was reached.
     """
     base_key = jax.random.key(seed)
 
-    @jax.jit
     def train_step(params, opt_state, batch, step):
         rng = jax.random.fold_in(base_key, step)
 
@@ -102,7 +102,11 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
-    return train_step
+    if shardings is None:
+        return jax.jit(train_step)
+    p_sh, o_sh, b_sh = shardings
+    return jax.jit(train_step, in_shardings=(p_sh, o_sh, b_sh, None), out_shardings=(p_sh, o_sh, None),
+                   donate_argnums=(0, 1))  # fmt: skip
 
 
 def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
@@ -117,21 +121,31 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
     total = stage.total_steps
     tx, lr_fn = make_optimizer(cfg, total)
 
+    mesh = make_mesh(recipe.mesh)
+    check_batch(cfg.batch_size, mesh)
     graphdef, params = nnx.split(stage.model, nnx.Param)
-    opt_state = tx.init(params)
+    p_sh = param_shardings(params, mesh)
+    o_sh = param_shardings(jax.eval_shape(tx.init, params), mesh)
+    b_sh = batch_sharding(mesh)
+    params = jax.device_put(params, p_sh)
+    opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     start = 0
     last: dict[str, float] = {}
     latest = ckpt.latest_step()
     if latest is not None:
-        params, opt_state, meta = ckpt.restore(latest, params, opt_state)
+        # Abstract targets carry this run's shardings, so a checkpoint from another mesh reshards on load.
+        target = lambda tree, sh: jax.tree.map(  # noqa: E731
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
+        )
+        params, opt_state, meta = ckpt.restore(latest, target(params, p_sh), target(opt_state, o_sh))
         start = int(meta["step"])
         last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
         log.truncate_after(start)
         console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True)
 
     stop = min(total, start + stop_after) if stop_after else total
-    train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed)
+    train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed, (p_sh, o_sh, b_sh))
 
     saved = {start} if latest is not None else set()
 
@@ -151,7 +165,7 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
         t_window, steps_window, window_sum = time.time(), 0, None
         try:
             while step < stop:
-                batch = stage.batches(step)
+                batch = put_batch(stage.batches(step), b_sh)
                 params, opt_state, out = train_step(params, opt_state, batch, step)
                 step += 1
                 steps_window += 1

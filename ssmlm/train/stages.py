@@ -29,7 +29,7 @@ from ssmlm.errors import CheckpointError, UserError
 from ssmlm.evaluate.metrics import score as score_task
 from ssmlm.models import build_classifier, build_mlm, with_vocab
 from ssmlm.progress import console
-from ssmlm.recipe import Recipe, from_dict
+from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.train import loop
 from ssmlm.train.checkpoint import load_params
 
@@ -82,6 +82,7 @@ def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
         # Stopping points and bookkeeping may change between attempts; what is trained may not.
         same = lambda r: dataclasses.replace(  # noqa: E731
             r,
+            mesh=MeshConfig(),  # a run may move to another device layout
             train=dataclasses.replace(
                 r.train, log_every=0, eval_every=0, checkpoint_every=0, keep_checkpoints=0, out_dir=""
             ),
