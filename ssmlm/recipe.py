@@ -107,12 +107,18 @@ class TrainConfig:
     eps: float = 1e-6
     weight_decay: float = 0.05  # never on biases or LayerNorm parameters
     grad_clip: float = 0.0  # global-norm clip; 0 = off (Table 7)
+    grad_accum: int = 1  # micro-batches per update (same result, less activation memory)
+    ssm_lr_multiplier: float = 1.0  # learning-rate factor for SSM parameters (S4 practice: < 1; official BiGS: 1)
+    ssm_weight_decay: bool = True  # decay SSM parameters too (official BiGS: yes; S4 practice: no)
+    max_skipped_steps: int = 10  # updates skipped for a non-finite loss/gradient before the run stops
     seed: int = 42
     log_every: int = 10
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 20
     checkpoint_every: int = 1000
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest N checkpoints are kept
+    keep_best: str | None = None  # also keep the best checkpoint by this validation metric (e.g. mlm_loss, accuracy)
+    peak_flops: float | None = None  # device peak FLOP/s for the MFU estimate (known GPUs/TPUs are looked up)
     out_dir: str = "runs"
     init_from: str | None = None  # run directory whose weights start this stage (extend-length, finetune)
     position_init: Literal["tile", "random"] = "tile"  # extend-length: how new position rows start

@@ -11,26 +11,40 @@ from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
 
 from ssmlm.errors import CheckpointError
 
 
 class Checkpoints:
-    def __init__(self, run_dir: Path, keep: int = 2):
+    def __init__(self, run_dir: Path, keep: int = 2, best: str | None = None):
+        """Keep the newest ``keep`` checkpoints, plus the best one by validation metric ``best`` (lower
+        is better for losses and perplexity, higher for everything else)."""
         self.dir = (Path(run_dir) / "checkpoints").resolve()  # Orbax needs absolute paths
-        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
+        self.best = best
+        policy = cm.LatestN(n=keep)
+        if best:
+            lower = "loss" in best or "perplexity" in best
+            policy = cm.AnyPreservationPolicy(
+                [policy, cm.BestN(get_metric_fn=lambda m: m[best], reverse=lower, n=1, keep_checkpoints_without_metrics=False)]
+            )
+        opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
         self.mgr = ocp.CheckpointManager(self.dir, options=opts)
 
     def latest_step(self) -> int | None:
         return self.mgr.latest_step()
 
-    def save(self, step: int, params, opt_state, meta: dict, force: bool = True) -> None:
+    def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None) -> None:
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             meta=ocp.args.JsonSave(meta),
         )
-        self.mgr.save(step, args=args, force=force)
+        metrics = eval_metrics if (self.best and eval_metrics and self.best in eval_metrics) else None
+        self.mgr.save(step, args=args, force=True, metrics=metrics)
+
+    def best_step(self) -> int | None:
+        return self.mgr.best_step() if self.best else None
 
     def restore(self, step: int, abstract_params, abstract_opt_state):
         r = self.mgr.restore(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,16 +51,19 @@ class Stage:
 class MetricsLog:
     """Append-only JSONL; on resume, lines past the restored step are dropped so nothing repeats."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, enabled: bool = True):
         self.path = path
+        self.enabled = enabled
 
     def truncate_after(self, step: int) -> None:
-        if not self.path.exists():
+        if not self.enabled or not self.path.exists():
             return
         keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
         self.path.write_text("".join(ln + "\n" for ln in keep))
 
     def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -84,23 +88,44 @@ def evaluate_stage(stage: Stage, params, graphdef) -> dict[str, float]:
     return stage.score(outputs, batches) if outputs else {}
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None):
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None,
+                    grad_accum: int = 1):  # fmt: skip
     """The jitted update: (params, opt_state, batch, step) -> (params, opt_state, metrics).
 
     Dropout keys are fold_in(seed, step), so a step's randomness does not depend on how it was reached.
+    With ``grad_accum`` > 1 the batch is split into that many micro-batches whose gradients are averaged
+    before one update (same result as the whole batch, less activation memory). A step whose loss or
+    gradient is not finite changes nothing and reports ``skipped`` = 1.
     """
     base_key = jax.random.key(seed)
 
-    def train_step(params, opt_state, batch, step):
-        rng = jax.random.fold_in(base_key, step)
-
+    def grads_of(params, batch, rng):
         def loss_of(p):
             return loss_fn(nnx.merge(graphdef, p), batch, rng)
 
-        (loss, aux), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+        return jax.value_and_grad(loss_of, has_aux=True)(params)
+
+    def train_step(params, opt_state, batch, step):
+        rng = jax.random.fold_in(base_key, step)
+        if grad_accum == 1:
+            (loss, aux), grads = grads_of(params, batch, rng)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
+            part = lambda i: grads_of(params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))  # noqa: E731
+
+            def one(acc, i):
+                return jax.tree.map(jnp.add, acc, part(i)), None
+
+            summed, _ = jax.lax.scan(one, part(0), jnp.arange(1, grad_accum))
+            (loss, aux), grads = jax.tree.map(lambda x: x / grad_accum, summed)
+        gnorm = optax.tree.norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+        metrics = {"loss": jnp.where(ok, loss, 0.0), "grad_norm": jnp.where(ok, gnorm, 0.0),
+                   "skipped": 1.0 - ok.astype(jnp.float32), **aux}  # fmt: skip
+        return keep(new_params, params), keep(new_opt, opt_state), metrics
 
     if shardings is None:
         return jax.jit(train_step)
@@ -116,20 +141,23 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
     with a time limit); running again continues.
     """
     cfg = recipe.train
+    lead = jax.process_index() == 0  # only one process writes logs and plots
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = MetricsLog(run_dir / "metrics.jsonl")
+    log = MetricsLog(run_dir / "metrics.jsonl", enabled=lead)
     total = stage.total_steps
-    tx, lr_fn = make_optimizer(cfg, total)
+    tx, lr_fn = make_optimizer(cfg, total, nnx.state(stage.model, nnx.Param))
+    if cfg.batch_size % cfg.grad_accum:
+        raise UserError(f"train.batch_size = {cfg.batch_size} is not divisible by train.grad_accum = {cfg.grad_accum}")
 
     mesh = make_mesh(recipe.mesh)
-    check_batch(cfg.batch_size, mesh)
+    check_batch(cfg.batch_size // cfg.grad_accum, mesh)
     graphdef, params = nnx.split(stage.model, nnx.Param)
     p_sh = param_shardings(params, mesh)
     o_sh = param_shardings(jax.eval_shape(tx.init, params), mesh)
     b_sh = batch_sharding(mesh)
     params = jax.device_put(params, p_sh)
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
     start = 0
     last: dict[str, float] = {}
     latest = ckpt.latest_step()
@@ -145,54 +173,79 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
         console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True)
 
     stop = min(total, start + stop_after) if stop_after else total
-    train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed, (p_sh, o_sh, b_sh))
-
+    train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed, (p_sh, o_sh, b_sh), cfg.grad_accum)
+    flops = stage_flops(stage, recipe)
+    peak = peak_flops_per_second(cfg)
+    manifest = {
+        "recipe": recipe.to_dict(),
+        "recipe_fingerprint": recipe.fingerprint("model", "data", "train", "task"),
+        "total_steps": total,
+        "kind": stage.kind,
+        **stage.meta,
+    }
     saved = {start} if latest is not None else set()
 
-    def save(step: int, metrics: dict) -> None:
+    def save(step: int, metrics: dict, eval_metrics: dict | None = None) -> None:
         if step in saved:  # e.g. a periodic save right before a stop at the same step
             return
         saved.add(step)
-        meta = {"step": step, "data_position": step, "total_steps": total, "kind": stage.kind, **stage.meta}
-        ckpt.save(step, params, opt_state, {**meta, "metrics": metrics})
+        meta = {"step": step, "data_position": step, "skipped_steps": skipped_total, **manifest, "metrics": metrics}
+        ckpt.save(step, params, opt_state, meta, eval_metrics)
 
     summary: dict[str, Any] = {"kind": stage.kind, "start_step": start, "total_steps": total}
     eval_metrics: dict[str, float] = {}
     step = start
+    skipped_total = int(meta.get("skipped_steps", 0)) if latest is not None else 0
     t_start = time.time()
-    with progress_bar(quiet, "loss", "lr", "tok/s") as bar:
-        task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", **{"tok/s": "-"})
+    prefetch = Prefetcher(stage.batches, start, stop)
+    with progress_bar(quiet or not lead, "loss", "lr", "tok/s", "mfu") as bar:
+        task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", mfu="-", **{"tok/s": "-"})
         t_window, steps_window, window_sum = time.time(), 0, None
         try:
             while step < stop:
-                batch = put_batch(stage.batches(step), b_sh)
+                batch = put_batch(prefetch.next(step), b_sh)
                 params, opt_state, out = train_step(params, opt_state, batch, step)
                 step += 1
                 steps_window += 1
-                # Sum on device (no host sync per step); log the mean over the window.
+                # Sum on device (no host sync per step); log the mean over the window's good steps.
                 window_sum = out if window_sum is None else jax.tree.map(jnp.add, window_sum, out)
-                if step % cfg.log_every == 0 or step == total:
-                    last = {k: v / steps_window for k, v in _to_host(window_sum).items()}
+                if step % cfg.log_every == 0 or step == stop:
+                    sums = _to_host(window_sum)
+                    skipped = int(round(sums.pop("skipped")))
+                    skipped_total += skipped
+                    good = max(steps_window - skipped, 1)
+                    last = {k: v / good for k, v in sums.items()}
                     window_sum = None
-                    if not np.isfinite(last["loss"]):
+                    if skipped_total > cfg.max_skipped_steps:
                         raise UserError(
-                            f"training diverged: loss is {last['loss']} at step {step}; "
+                            f"training diverged: {skipped_total} steps had a non-finite loss or gradient "
+                            f"(limit train.max_skipped_steps = {cfg.max_skipped_steps}), the last by step {step}; "
                             "lower train.learning_rate or set train.grad_clip"
                         )
                     now = time.time()
                     tps = stage.tokens_per_step * steps_window / max(now - t_window, 1e-9)
                     t_window, steps_window = now, 0
                     lr = float(lr_fn(step - 1))
-                    log.write({"step": step, "lr": lr, "tokens_per_s": round(tps, 1), "time": round(now, 3), **last})
-                    bar.update(task, loss=f"{last['loss']:.4f}", lr=f"{lr:.2e}", **{"tok/s": f"{tps:,.0f}"})
-                    if not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
+                    rec = {"step": step, "lr": lr, "tokens_per_s": round(tps, 1), "time": round(now, 3), **last}
+                    if skipped:
+                        rec["skipped"] = skipped
+                    mfu = tps * flops / peak if peak else None
+                    if mfu is not None:
+                        rec["mfu"] = round(mfu, 4)
+                    log.write(rec)
+                    bar.update(task, loss=f"{last['loss']:.4f}", lr=f"{lr:.2e}", mfu=f"{mfu:.1%}" if mfu else "-",
+                               **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
+                    if lead and not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
                         console.print(f"{stage.kind} step {step}/{total} loss {last['loss']:.4f} {tps:,.0f} tok/s")
+                evaluated = False
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
                     eval_metrics = evaluate_stage(stage, params, graphdef)
                     if eval_metrics:
+                        evaluated = True
                         log.write({"step": step, "split": "validation", **eval_metrics})
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
-                    save(step, last)
+                periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+                if step < total and (periodic or (evaluated and cfg.keep_best)):
+                    save(step, last, eval_metrics if evaluated else None)
                 bar.update(task, completed=step)
         except KeyboardInterrupt:
             save(step, last)
@@ -201,6 +254,8 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
                 f"interrupted at step {step}/{total}; checkpoint saved in {run_dir}; "
                 "run the same command again to resume"
             ) from None
+        finally:
+            prefetch.close()
 
     if step < total:
         save(step, last)
@@ -209,16 +264,65 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
         eval_metrics = evaluate_stage(stage, params, graphdef)
         if eval_metrics:
             log.write({"step": step, "split": "validation", **eval_metrics})
-        save(step, {**last, **eval_metrics})
+        save(step, {**last, **eval_metrics}, eval_metrics or None)
     ckpt.close()
     summary.update(
         final_step=step,
         seconds=round(time.time() - t_start, 2),
+        skipped_steps=skipped_total,
         train=last,
         validation=eval_metrics,
     )
+    if ckpt.best_step() is not None:
+        summary["best_checkpoint"] = ckpt.best_step()
     stage.model = nnx.merge(graphdef, params)
     return summary
+
+
+class Prefetcher:
+    """Reads the next batches on a background thread while the device computes the current one.
+
+    Batches are a pure function of the step, so prefetching never changes what is trained on.
+    """
+
+    def __init__(self, batches: Callable[[int], dict], start: int, stop: int, depth: int = 2):
+        self.batches, self.stop = batches, stop
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending = {s: self.pool.submit(batches, s) for s in range(start, min(start + depth, stop))}
+        self.depth = depth
+
+    def next(self, step: int) -> dict:
+        fut = self.pending.pop(step, None) or self.pool.submit(self.batches, step)
+        ahead = step + self.depth
+        if ahead < self.stop and ahead not in self.pending:
+            self.pending[ahead] = self.pool.submit(self.batches, ahead)
+        return fut.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def stage_flops(stage: Stage, recipe: Recipe) -> float:
+    """Training FLOPs per token of the stage's model (see ssmlm.models.flops)."""
+    from ssmlm.models.flops import flops_per_token
+
+    seq_len = stage.tokens_per_step // max(recipe.train.batch_size, 1)
+    preds = stage.meta.get("max_predictions")
+    return flops_per_token(stage.model, recipe.model, seq_len, preds)
+
+
+# Dense bf16 peak per device (FLOP/s), for the model-FLOPs utilisation estimate.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, "TPU v4": 275e12,
+              "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}  # fmt: skip
+
+
+def peak_flops_per_second(cfg) -> float | None:
+    """train.peak_flops if set, else the known peak of this device kind times the device count."""
+    if cfg.peak_flops:
+        return cfg.peak_flops
+    kind = jax.devices()[0].device_kind
+    per = next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
+    return per * jax.device_count() if per else None
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -12,6 +12,8 @@ A run directory holds everything needed to continue from it or build on it:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -27,7 +29,7 @@ from ssmlm.data.loader import ArrayTable, Batches, eval_batches, load_split
 from ssmlm.data.preprocess import preprocess, read_metadata
 from ssmlm.errors import CheckpointError, UserError
 from ssmlm.evaluate.metrics import score as score_task
-from ssmlm.models import build_classifier, build_mlm, with_vocab
+from ssmlm.models import ENCODERS, build_classifier, build_mlm, with_vocab
 from ssmlm.progress import console
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.train import loop
@@ -109,6 +111,15 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
     return ", ".join(out)
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _process_shard() -> tuple[int, int]:
+    """Each process reads only its own rows of every global batch."""
+    return jax.process_index(), jax.process_count()
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
@@ -118,12 +129,13 @@ def _atomic_write(path: Path, text: str) -> None:
 # ----------------------------------------------------------------------------- weight transfer
 
 
-def transplant(target: nnx.Module, source_params, position_init: str = "tile") -> dict[str, int]:
+def transplant(target: nnx.Module, source_params, position_init: str = "tile", extend=None) -> dict[str, int]:
     """Copy every source parameter whose path exists in ``target`` into it.
 
     Equal shapes are copied. A longer position table (extend-length) keeps the source rows and fills
     the new ones by tiling them (as Longformer does) or leaves them at their fresh initialisation.
-    Parameters only in the target (a new head) keep their initialisation.
+    Parameters only in the target (a new head) keep their initialisation. ``extend(path, old, new_shape)``
+    is the model family's hook for other length-dependent parameters (gMLP's spatial weights).
     """
     src = dict(nnx.to_flat_state(source_params))
     tgt_state = nnx.state(target, nnx.Param)
@@ -146,6 +158,9 @@ def transplant(target: nnx.Module, source_params, position_init: str = "tile") -
             else:
                 value = new.at[:n_old].set(old)
             report["extended"] += 1
+        elif extend is not None and (grown := extend(path, old, new.shape)) is not None:
+            value = grown
+            report["extended"] += 1
         elif path[0] == "classifier":  # a new label space (e.g. MRPC from an MNLI run): fresh classifier
             report["fresh"] += 1
             flat.append((path, var))
@@ -157,6 +172,12 @@ def transplant(target: nnx.Module, source_params, position_init: str = "tile") -
         flat.append((path, var.replace(value)))
     nnx.update(target, nnx.from_flat_state(flat))
     return report
+
+
+def extend_hook(arch: str):
+    """The family's ``extend_params`` (length-dependent parameters other than the position table), if any."""
+    module = importlib.import_module(ENCODERS[arch].split(":")[0])
+    return getattr(module, "extend_params", None)
 
 
 # ----------------------------------------------------------------------------- MLM (pretrain, extend-length)
@@ -238,9 +259,9 @@ def pretrain(
     model = build_mlm(recipe.model, seed=recipe.train.seed)
     if source is not None:
         src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
-        report = transplant(model, src_params, recipe.train.position_init)
+        report = transplant(model, src_params, recipe.train.position_init, extend_hook(recipe.model.arch))
         console.print(f"initialised from {source.dir}: {report}")
-    batches = Batches(load_split(data_dir, "train"), recipe.train.batch_size, recipe.train.seed)
+    batches = Batches(load_split(data_dir, "train"), recipe.train.batch_size, recipe.train.seed, _process_shard())
     stage = loop.Stage(
         kind=kind,
         model=model,
@@ -251,7 +272,8 @@ def pretrain(
         eval_fn=mlm_eval,
         eval_data=mlm_eval_data(data_dir, recipe),
         score=mlm_score,
-        meta={"data_dir": str(data_dir), "steps_per_epoch": batches.steps_per_epoch},
+        meta={"data_dir": str(data_dir), "data_fingerprint": meta["fingerprint"], "max_predictions": meta["max_predictions"],
+              "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"), "steps_per_epoch": batches.steps_per_epoch},  # fmt: skip
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     from ssmlm.analyze.plots import plot_metrics
@@ -329,7 +351,7 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
     report = transplant(model, src_params)
     console.print(f"initialised from {source.dir}: {report}")
 
-    batches = Batches(ArrayTable(arrays["train"]), recipe.train.batch_size, recipe.train.seed)
+    batches = Batches(ArrayTable(arrays["train"]), recipe.train.batch_size, recipe.train.seed, _process_shard())
     epochs = recipe.train.epochs
     total = int(batches.steps_per_epoch * epochs) if epochs else recipe.train.steps
     eval_every = recipe.train.eval_every
@@ -345,7 +367,8 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
         eval_fn=classification_eval,
         eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if "validation" in arrays else None,
         score=classification_scorer(td.metrics),
-        meta={"task": td.name, "steps_per_epoch": batches.steps_per_epoch},
+        meta={"task": td.name, "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
+              "steps_per_epoch": batches.steps_per_epoch},  # fmt: skip
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.metrics[0])
