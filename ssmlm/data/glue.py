@@ -22,12 +22,13 @@ BINARY_NLI_LABELS = ["entailment", "not_entailment"]
 @dataclass(frozen=True)
 class GlueLayout:
     folder: str  # folder name in the GLUE download, also the submission file stem
-    columns: dict[str, str]  # TSV column -> hub column (header names, or positions for headerless files)
+    columns: dict[str, str]  # TSV column -> hub column
     label: str  # TSV label column
     label_names: list[str] | None = None  # string labels in hub id order; None: ints (or floats for STS-B)
     headerless_train: tuple[str, ...] = ()  # column names for headerless train/dev files (CoLA)
-    files: dict[str, str] = field(default_factory=lambda: {"train": "train.tsv", "validation": "dev.tsv",
-                                                           "test": "test.tsv"})  # fmt: skip
+    files: dict[str, str] = field(
+        default_factory=lambda: {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}
+    )
 
 
 _MNLI_FILES = {
@@ -41,16 +42,27 @@ _MNLI_FILES = {
 }
 
 LAYOUTS = {
-    "cola": GlueLayout("CoLA", {"sentence": "sentence"}, "label",
-                       headerless_train=("source", "label", "original_label", "sentence")),  # fmt: skip
+    "cola": GlueLayout(
+        "CoLA",
+        {"sentence": "sentence"},
+        "label",
+        headerless_train=("source", "label", "original_label", "sentence"),
+    ),
     "sst2": GlueLayout("SST-2", {"sentence": "sentence"}, "label"),
     "mrpc": GlueLayout("MRPC", {"#1 String": "sentence1", "#2 String": "sentence2"}, "Quality"),
     "qqp": GlueLayout("QQP", {"question1": "question1", "question2": "question2"}, "is_duplicate"),
     "stsb": GlueLayout("STS-B", {"sentence1": "sentence1", "sentence2": "sentence2"}, "score"),
-    "mnli": GlueLayout("MNLI", {"sentence1": "premise", "sentence2": "hypothesis"}, "gold_label",
-                       MNLI_LABELS, files=_MNLI_FILES),  # fmt: skip
+    "mnli": GlueLayout(
+        "MNLI",
+        {"sentence1": "premise", "sentence2": "hypothesis"},
+        "gold_label",
+        MNLI_LABELS,
+        files=_MNLI_FILES,
+    ),
     "qnli": GlueLayout("QNLI", {"question": "question", "sentence": "sentence"}, "label", BINARY_NLI_LABELS),
-    "rte": GlueLayout("RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label", BINARY_NLI_LABELS),
+    "rte": GlueLayout(
+        "RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label", BINARY_NLI_LABELS
+    ),
 }
 
 
@@ -82,7 +94,7 @@ def _read_tsv(path: Path, header: tuple[str, ...] | None = None) -> list[dict[st
 
 
 def _mrpc_from_msr(d: Path, split: str) -> list[dict[str, str]] | None:
-    """MRPC folder holding only the MSR release: train/dev come from msr_paraphrase_train.txt + dev_ids.tsv."""
+    """An MRPC folder with only the MSR release: train/dev = msr_paraphrase_train.txt split by dev_ids.tsv."""
     name = "msr_paraphrase_test.txt" if split == "test" else "msr_paraphrase_train.txt"
     if not (d / name).is_file() or (split != "test" and not (d / "dev_ids.tsv").is_file()):
         return None
@@ -136,8 +148,14 @@ def _label(lay: GlueLayout, value: str, path: Path, i: int):
 
 # ----------------------------------------------------------------------------- leaderboard submissions
 
-_SUBMISSION_NAMES = {"mnli": "MNLI-m", "mnlim": "MNLI-m", "mnlimatched": "MNLI-m", "mnlimm": "MNLI-mm",
-                     "mnlimismatched": "MNLI-mm", "ax": "AX"}  # fmt: skip
+_SUBMISSION_NAMES = {
+    "mnli": "MNLI-m",
+    "mnlim": "MNLI-m",
+    "mnlimatched": "MNLI-m",
+    "mnlimm": "MNLI-mm",
+    "mnlimismatched": "MNLI-mm",
+    "ax": "AX",
+}
 
 
 def write_glue_submission(

@@ -37,7 +37,9 @@ def _merge(lines: list[str], where: str) -> list[dict]:
             continue
         try:
             r = json.loads(line)
-            row = rows.setdefault(r["id"], {"id": r["id"], "pid": r.get("pid"), "input": r["input"], "outputs": []})
+            row = rows.setdefault(
+                r["id"], {"id": r["id"], "pid": r.get("pid"), "input": r["input"], "outputs": []}
+            )
         except (ValueError, KeyError, TypeError) as e:
             raise DataError(f"{where}, line {n}: not a SCROLLS row ({type(e).__name__}: {e})") from None
         if r.get("output"):
@@ -46,11 +48,13 @@ def _merge(lines: list[str], where: str) -> list[dict]:
 
 
 def read_scrolls(path: str | Path, split: str = "validation") -> list[dict]:
-    """Rows {id, pid, input, outputs} from a .jsonl file, a folder of {split}.jsonl, or the hub's {name}.zip."""
+    """Rows {id, pid, input, outputs} from a .jsonl file, a folder with {split}.jsonl, or the hub's zip."""
     p = Path(path).expanduser()
     if p.suffix == ".zip" and p.is_file():
         with zipfile.ZipFile(p) as z:
-            member = next((m for m in z.namelist() if m.endswith(f"/{split}.jsonl") or m == f"{split}.jsonl"), None)
+            member = next(
+                (m for m in z.namelist() if m.endswith(f"/{split}.jsonl") or m == f"{split}.jsonl"), None
+            )
             if member is None:
                 raise DataError(f"{p}: holds no {split}.jsonl")
             return _merge(z.read(member).decode("utf-8").splitlines(), f"{p}:{member}")
@@ -101,7 +105,13 @@ def parse_quality(row: dict) -> dict:
         if gold not in options:
             raise DataError(f"QuALITY row {row['id']}: output '{gold[:60]}' is none of the options")
         label = options.index(gold)
-    return {"id": row["id"], "question": question, "options": options, "story": rest[end:].strip(), "label": label}
+    return {
+        "id": row["id"],
+        "question": question,
+        "options": options,
+        "story": rest[end:].strip(),
+        "label": label,
+    }
 
 
 def encode_quality(
@@ -131,8 +141,13 @@ def encode_quality(
             types[i, c, len(first) + 2 : len(seq)] = 1
             mask[i, c, : len(seq)] = 1
     labels = np.array([ex["label"] for ex in examples], dtype=np.int32)
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels,
-            "example_weight": np.ones(b, np.float32)}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": mask,
+        "labels": labels,
+        "example_weight": np.ones(b, np.float32),
+    }
 
 
 # ----------------------------------------------------------------------------- ContractNLI
@@ -154,10 +169,16 @@ def contract_nli_task(splits: dict[str, list[dict]]) -> TaskData:
         for r in rows:
             out = r["outputs"][0] if r["outputs"] else None
             if out is not None and out not in names:
-                raise DataError(f"contract_nli ({split}) row {r['id']}: label '{out}' not seen in training data")
+                raise DataError(
+                    f"contract_nli ({split}) row {r['id']}: label '{out}' not seen in training data"
+                )
             labels.append(names.index(out) if out is not None else -1)
-        cols[split] = {"hypothesis": [h for h, _ in pairs], "document": [d for _, d in pairs], "label": labels,
-                       "id": [r["id"] for r in rows]}  # fmt: skip
+        cols[split] = {
+            "hypothesis": [h for h, _ in pairs],
+            "document": [d for _, d in pairs],
+            "label": labels,
+            "id": [r["id"] for r in rows],
+        }
     td = TaskDef("contract_nli", ("hypothesis", "document"), num_labels=len(names), metrics=("accuracy",))
     return TaskData(td, cols, names)
 
@@ -169,5 +190,8 @@ def scrolls_exact_match(predictions: list[str], references: list[list[str]]) -> 
     """SCROLLS EM in percent: a prediction counts when it equals any reference after SQuAD normalisation."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
-    hits = [any(normalize_answer(p) == normalize_answer(r) for r in refs) for p, refs in zip(predictions, references, strict=True)]
+    hits = [
+        any(normalize_answer(p) == normalize_answer(r) for r in refs)
+        for p, refs in zip(predictions, references, strict=True)
+    ]
     return 100.0 * sum(hits) / max(len(hits), 1)

@@ -36,11 +36,18 @@ def read_squad_json(path: str | Path) -> list[dict]:
             for qa in para["qas"]:
                 # v2.0 unanswerable questions keep only `plausible_answers`, which are not golds.
                 answers = [] if qa.get("is_impossible") else qa["answers"]
-                rows.append({
-                    "id": qa["id"], "title": article.get("title", ""), "question": qa["question"],
-                    "context": para["context"],
-                    "answers": {"text": [a["text"] for a in answers], "answer_start": [a["answer_start"] for a in answers]},
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "id": qa["id"],
+                        "title": article.get("title", ""),
+                        "question": qa["question"],
+                        "context": para["context"],
+                        "answers": {
+                            "text": [a["text"] for a in answers],
+                            "answer_start": [a["answer_start"] for a in answers],
+                        },
+                    }
+                )
     return rows
 
 
@@ -54,7 +61,9 @@ def squad_from_hub(version_2: bool, split: str) -> list[dict]:
     except Exception as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
         why = "offline" if offline else str(e).splitlines()[0][:120]
-        raise DataError(f"could not load {name} ({split}) from the hub ({why}); pass the official JSON file instead") from None
+        raise DataError(
+            f"could not load {name} ({split}) from the hub ({why}); pass the official JSON file instead"
+        ) from None
 
 
 @contextmanager
@@ -116,7 +125,9 @@ def build_squad_features(
         c_ids, c_off = [enc.ids[k] for k in ctx], [enc.offsets[k] for k in ctx]
         room = max_len - len(q_ids) - 3
         if room <= 0:
-            raise DataError(f"SQuAD: max_len {max_len} leaves no room for the context after a {len(q_ids)}-token question")
+            raise DataError(
+                f"SQuAD: max_len {max_len} leaves no room for the context after a {len(q_ids)}-token question"
+            )
         answer = _answer_tokens(c_off, ex)
         base = len(q_ids) + 2  # position of the first context token in a feature
         for start, length in _windows(len(c_ids), room, doc_stride):

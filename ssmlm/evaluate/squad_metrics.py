@@ -49,7 +49,9 @@ def _has_answer(example: dict) -> bool:
     return bool(answers["text"] if isinstance(answers, dict) else answers)
 
 
-def squad_scores(predictions: dict[str, str], examples: list[dict], version_2: bool | None = None) -> dict[str, float]:
+def squad_scores(
+    predictions: dict[str, str], examples: list[dict], version_2: bool | None = None
+) -> dict[str, float]:
     """EM and F1 in percent over ``examples`` (flat SQuAD rows); a missing prediction scores 0.
 
     ``version_2`` None: SQuAD 2.0 when any example has no answer. 2.0 adds HasAns_*/NoAns_* splits.
@@ -69,10 +71,20 @@ def squad_scores(predictions: dict[str, str], examples: list[dict], version_2: b
         has.append(_has_answer(ex))
     out = _percent("", em, f)
     if version_2:
-        out.update(_percent("HasAns_", [e for e, h in zip(em, has, strict=True) if h],
-                            [x for x, h in zip(f, has, strict=True) if h]))  # fmt: skip
-        out.update(_percent("NoAns_", [e for e, h in zip(em, has, strict=True) if not h],
-                            [x for x, h in zip(f, has, strict=True) if not h]))  # fmt: skip
+        out.update(
+            _percent(
+                "HasAns_",
+                [e for e, h in zip(em, has, strict=True) if h],
+                [x for x, h in zip(f, has, strict=True) if h],
+            )
+        )
+        out.update(
+            _percent(
+                "NoAns_",
+                [e for e, h in zip(em, has, strict=True) if not h],
+                [x for x, h in zip(f, has, strict=True) if not h],
+            )
+        )
     return out
 
 

@@ -45,7 +45,9 @@ def _model_label(r: dict) -> str:
 
 
 def results_table(
-    result_files: list[Path], columns: list[tuple[str, str, str, float]] = GLUE_TABLE1, split: str = "validation",
+    result_files: list[Path],
+    columns: list[tuple[str, str, str, float]] = GLUE_TABLE1,
+    split: str = "validation",
     average: bool = True,
 ) -> pd.DataFrame:
     """Rows = models (arch / route label, else the run's name), columns = tasks, plus AVG.
@@ -83,10 +85,21 @@ def _mean(values: list[float] | None) -> float:
 def to_markdown(df: pd.DataFrame, digits: int = 1) -> str:
     """A GitHub markdown table; missing values print as '-' like the paper."""
     head = [df.index.name or "", *map(str, df.columns)]
-    body = [[str(idx), *("-" if pd.isna(v) else f"{v:.{digits}f}" for v in row)] for idx, row in zip(df.index, df.values, strict=True)]
+    body = [
+        [str(idx), *("-" if pd.isna(v) else f"{v:.{digits}f}" for v in row)]
+        for idx, row in zip(df.index, df.values, strict=True)
+    ]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    fmt = lambda cells: "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))) + " |"  # noqa: E731
-    rule = "|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|"
+
+    def fmt(cells: list[str]) -> str:  # the label column left-aligned, numbers right-aligned
+        padded = [
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = (
+        "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    )
     return "\n".join([fmt(head), rule, *map(fmt, body)]) + "\n"
 
 

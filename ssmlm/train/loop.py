@@ -38,7 +38,7 @@ class Interrupted(UserError):
 class Stage:
     kind: str  # pretrain | extend-length | finetune
     model: nnx.Module
-    loss_fn: Callable  # (model, batch, rng) -> (loss, aux dict of scalars)
+    loss_fn: Callable  # (model, batch, rng) -> (mean loss, aux dict of scalars; aux["weight"]: what it averaged over)
     batches: Callable[[int], dict]  # step -> host batch
     total_steps: int
     tokens_per_step: int
@@ -113,11 +113,19 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
             micro = jax.tree.map(lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
             part = lambda i: grads_of(params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))  # noqa: E731
 
-            def one(acc, i):
-                return jax.tree.map(jnp.add, acc, part(i)), None
+            def weighted(i):
+                # Each micro-batch's loss is a mean over its own tokens; weighting by the token count
+                # makes the accumulated update equal to the whole batch's.
+                (loss, aux), grads = part(i)
+                w = aux.get("weight", 1.0)
+                return w, jax.tree.map(lambda x: x * w, (loss, aux, grads))
 
-            summed, _ = jax.lax.scan(one, part(0), jnp.arange(1, grad_accum))
-            (loss, aux), grads = jax.tree.map(lambda x: x / grad_accum, summed)
+            def one(acc, i):
+                return jax.tree.map(jnp.add, acc, weighted(i)), None
+
+            (total_w, summed), _ = jax.lax.scan(one, weighted(0), jnp.arange(1, grad_accum))
+            loss, aux, grads = jax.tree.map(lambda x: x / total_w, summed)
+        aux = {k: v for k, v in aux.items() if k != "weight"}
         gnorm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         updates, new_opt = tx.update(grads, opt_state, params)
@@ -216,12 +224,6 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
                     good = max(steps_window - skipped, 1)
                     last = {k: v / good for k, v in sums.items()}
                     window_sum = None
-                    if skipped_total > cfg.max_skipped_steps:
-                        raise UserError(
-                            f"training diverged: {skipped_total} steps had a non-finite loss or gradient "
-                            f"(limit train.max_skipped_steps = {cfg.max_skipped_steps}), the last by step {step}; "
-                            "lower train.learning_rate or set train.grad_clip"
-                        )
                     now = time.time()
                     tps = stage.tokens_per_step * steps_window / max(now - t_window, 1e-9)
                     t_window, steps_window = now, 0
@@ -231,8 +233,14 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
                         rec["skipped"] = skipped
                     mfu = tps * flops / peak if peak else None
                     if mfu is not None:
-                        rec["mfu"] = round(mfu, 4)
+                        rec["mfu"] = float(f"{mfu:.4g}")
                     log.write(rec)
+                    if skipped_total > cfg.max_skipped_steps:
+                        raise UserError(
+                            f"training diverged: {skipped_total} steps had a non-finite loss or gradient "
+                            f"(limit train.max_skipped_steps = {cfg.max_skipped_steps}), the last by step {step}; "
+                            "lower train.learning_rate or set train.grad_clip"
+                        )
                     bar.update(task, loss=f"{last['loss']:.4f}", lr=f"{lr:.2e}", mfu=f"{mfu:.1%}" if mfu else "-",
                                **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
                     if lead and not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
@@ -247,6 +255,9 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
                 if step < total and (periodic or (evaluated and cfg.keep_best)):
                     save(step, last, eval_metrics if evaluated else None)
                 bar.update(task, completed=step)
+        except UserError:
+            ckpt.close()
+            raise
         except KeyboardInterrupt:
             save(step, last)
             ckpt.close()

@@ -188,7 +188,7 @@ def mlm_loss(model, batch, rng):
     weights = (positions > 0).astype(jnp.float32)
     logits = model(batch["input_ids"], positions=positions, rng=rng)
     nll, count = loop.cross_entropy(logits, batch["masked_lm_ids"], weights)
-    return nll / jnp.maximum(count, 1.0), {}
+    return nll / jnp.maximum(count, 1.0), {"weight": jnp.maximum(count, 1.0)}
 
 
 def mlm_eval(model, batch):
