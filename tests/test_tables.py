@@ -33,6 +33,10 @@ def files(tmp_path):
         result(tmp_path, "bert-rte", "rte", {"accuracy": 0.768}, arch="stack", route="att"),
         result(tmp_path, "bert-mrpc", "mrpc", {"f1": 0.908, "accuracy": 0.85}, arch="stack", route="att"),
         result(tmp_path, "plain-sst2", "sst2", {"accuracy": 0.915}),  # no labels: the run's name
+        result(tmp_path, "b-qnli", "qnli", {"accuracy": 0.892}, arch="bigs"),  # arch only: the paper's route
+        result(
+            tmp_path, "x-qnli", "qnli", {"accuracy": 0.5}, arch="bigs", label="BiGS short"
+        ),  # explicit label
         result(tmp_path, "mlm", "mlm", {"mlm_loss": 2.0}),  # not a table task
     ]
 
@@ -40,12 +44,15 @@ def files(tmp_path):
 def test_table_layout_and_average(files):
     df = results_table(files)
     assert list(df.columns) == ["MNLI", "QNLI", "QQP", "RTE", "SST2", "MRPC", "COLA", "STSB", "AVG"]
-    assert list(df.index) == ["gated / ssm", "stack / att", "plain-sst2"] and df.index.name == "model"
+    assert list(df.index) == ["gated / ssm", "stack / att", "plain-sst2", "BiGS short"]
+    assert df.index.name == "model"
     bigs = df.loc["gated / ssm"]
     assert bigs["MNLI"] == pytest.approx(82.6) and bigs["QQP"] == pytest.approx(87.6)
     assert bigs["COLA"] == pytest.approx(63.0) and bigs["STSB"] == pytest.approx(88.4)
-    assert pd.isna(bigs["QNLI"]) and pd.isna(bigs["RTE"])
-    assert bigs["AVG"] == pytest.approx((82.6 + 87.6 + 63.0 + 88.4) / 4)  # mean of the available columns
+    assert bigs["QNLI"] == pytest.approx(89.2) and pd.isna(bigs["RTE"])
+    assert bigs["AVG"] == pytest.approx(
+        (82.6 + 89.2 + 87.6 + 63.0 + 88.4) / 5
+    )  # mean of the available columns
     assert df.loc["stack / att", "MRPC"] == pytest.approx(90.8) and df.loc[
         "stack / att", "RTE"
     ] == pytest.approx(76.8)
@@ -61,7 +68,7 @@ def test_markdown_and_csv(files, tmp_path):
     assert lines[0].split("|")[1].strip() == "model" and lines[0].split("|")[-2].strip() == "AVG"
     assert set(lines[1]) <= {"|", "-", ":"}
     assert lines[2].startswith("| gated / ssm") and "82.6" in lines[2] and "63.0" in lines[2]
-    assert lines[2].split("|")[2].strip() == "82.6" and lines[2].split("|")[3].strip() == "-"  # missing: '-'
+    assert lines[2].split("|")[2].strip() == "82.6" and lines[2].split("|")[5].strip() == "-"  # missing: '-'
     assert len({len(line) for line in lines}) == 1  # aligned columns
     assert save_table(df, tmp_path / "t.md").read_text() == md
     back = pd.read_csv(save_table(df, tmp_path / "t.csv"), index_col="model")

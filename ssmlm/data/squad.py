@@ -20,6 +20,16 @@ import numpy as np
 
 from ssmlm.errors import DataError
 
+# What the span model and its loss read; offsets / example_index stay on the host for decoding.
+MODEL_KEYS = (
+    "input_ids",
+    "token_type_ids",
+    "attention_mask",
+    "start_positions",
+    "end_positions",
+    "example_weight",
+)
+
 
 def read_squad_json(path: str | Path) -> list[dict]:
     """The official train-v1.1.json / dev-v2.0.json layout (data → paragraphs → qas), flattened."""
@@ -114,6 +124,8 @@ def build_squad_features(
     (0 = [CLS] when the answer is not inside the window or there is none); offsets (F, L, 2) character
     spans in the context, -1 outside it; example_index (F,) into ``examples``; example_weight (F,).
     """
+    if not examples:
+        raise DataError("SQuAD: no examples to build features from")
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     with untruncated(tokenizer):
         encs = tokenizer.encode_batch([(ex["question"], ex["context"]) for ex in examples])
@@ -167,6 +179,8 @@ def decode_spans(
     Logit rows beyond the number of features (batch padding) are ignored.
     """
     n_feat = len(features["example_index"])
+    if len(start_logits) < n_feat or len(end_logits) < n_feat:
+        raise ValueError(f"{len(start_logits)} rows of logits for {n_feat} features: evaluate every feature")
     start_logits, end_logits = np.asarray(start_logits)[:n_feat], np.asarray(end_logits)[:n_feat]
     by_example = defaultdict(list)
     for f, i in enumerate(features["example_index"]):

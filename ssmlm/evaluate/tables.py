@@ -1,6 +1,7 @@
 """Result tables in the layout of the BiGS paper, built from `ssmlm evaluate` JSON files.
 
-Each file is {"run", "task", "split", "step", "metrics": {...}} with optional "arch" / "route" labels.
+Each file is {"run", "task", "split", "step", "metrics": {...}} with optional "arch" / "route" (or "label")
+naming its row.
 Table 1 reports, ×100: accuracy for MNLI (matched), QNLI, RTE, SST-2; F1 for QQP and MRPC; Matthews
 correlation for CoLA; Spearman for STS-B; AVG is their mean. Several files for the same model and task
 (e.g. seeds; the paper averages six runs) are averaged.
@@ -39,9 +40,24 @@ def _task_key(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
 
 
+# ModelConfig.arch -> the paper's "Arch / Route" label, for files that carry only the arch.
+ARCH_ROUTE = {
+    "bigs": "gated / ssm",
+    "stack_ssm": "stack / ssm",
+    "gated_att": "gated / att",
+    "bert": "stack / att",
+}
+
+
 def _model_label(r: dict) -> str:
-    labels = [r[k] for k in ("arch", "route") if r.get(k)]
-    return " / ".join(labels) if labels else Path(str(r.get("run", "?"))).name
+    """An explicit "label", else "arch / route" (route looked up for known archs), else the run's name."""
+    if r.get("label"):
+        return str(r["label"])
+    if r.get("arch") and r.get("route"):
+        return f"{r['arch']} / {r['route']}"
+    if r.get("arch"):
+        return ARCH_ROUTE.get(r["arch"], r["arch"])
+    return Path(str(r.get("run", "?"))).name
 
 
 def results_table(
@@ -50,7 +66,7 @@ def results_table(
     split: str = "validation",
     average: bool = True,
 ) -> pd.DataFrame:
-    """Rows = models (arch / route label, else the run's name), columns = tasks, plus AVG.
+    """Rows = models (see `_model_label`), columns = tasks, plus AVG.
 
     Only results on ``split`` count (MNLI matched is 'validation'). Missing cells are NaN; AVG is the
     mean of the available cells (the paper's AVG has all eight).

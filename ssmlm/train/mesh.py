@@ -33,10 +33,12 @@ BATCH_AXES = ("data", "fsdp")
 
 def maybe_initialize_distributed() -> None:
     """Start jax.distributed when running under several processes; a no-op on one machine."""
-    if jax.distributed.is_initialized() if hasattr(jax.distributed, "is_initialized") else False:
+    if getattr(jax.distributed, "is_initialized", lambda: False)():
         return
     coord = os.environ.get("SSMLM_COORDINATOR")
     if coord:
+        if os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes talk over gloo
         jax.distributed.initialize(
             coordinator_address=coord,
             num_processes=int(os.environ["SSMLM_NUM_PROCESSES"]),
@@ -44,6 +46,14 @@ def maybe_initialize_distributed() -> None:
         )
     elif os.environ.get("SLURM_NTASKS", "1") != "1" or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
         jax.distributed.initialize()  # JAX reads the cluster from SLURM / the TPU metadata
+
+
+def barrier(name: str) -> None:
+    """All processes wait here (a no-op with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:

@@ -34,6 +34,7 @@ from ssmlm.progress import console
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.train import loop
 from ssmlm.train.checkpoint import load_params
+from ssmlm.train.mesh import barrier, maybe_initialize_distributed
 
 # ----------------------------------------------------------------------------- run directories
 
@@ -245,16 +246,24 @@ def pretrain(
         recipe = dataclasses.replace(recipe, model=dataclasses.replace(source.recipe.model, max_seq_length=new_len))
         data_cfg = dataclasses.replace(data_cfg, tokenizer=str((source.dir / "tokenizer.json").resolve()))
         recipe = dataclasses.replace(recipe, data=data_cfg)
+    maybe_initialize_distributed()
     seq_len = recipe.seq_len
     if seq_len > recipe.model.max_seq_length:
         raise UserError(
             f"data.max_seq_length = {seq_len} exceeds model.max_seq_length = {recipe.model.max_seq_length}"
         )
-    data_dir = preprocess(data_cfg, seq_len, quiet=quiet)
+    # Process 0 preprocesses; the others find its result in the shared cache.
+    if jax.process_index() == 0:
+        data_dir = preprocess(data_cfg, seq_len, quiet=quiet)
+    barrier("preprocess")
+    if jax.process_index() != 0:
+        data_dir = preprocess(data_cfg, seq_len, quiet=True)
     meta = read_metadata(data_dir)
     recipe = dataclasses.replace(recipe, model=with_vocab(recipe.model, meta["vocab_size"]))
-    prepare_run_dir(run_dir, recipe, {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None})
-    shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
+    if jax.process_index() == 0:
+        prepare_run_dir(run_dir, recipe, {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None})
+        shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
+    barrier("run-dir")
 
     model = build_mlm(recipe.model, seed=recipe.train.seed)
     if source is not None:
@@ -278,8 +287,9 @@ def pretrain(
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     from ssmlm.analyze.plots import plot_metrics
 
-    summary["loss_plot"] = str(plot_metrics(run_dir))
-    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    if jax.process_index() == 0:
+        summary["loss_plot"] = str(plot_metrics(run_dir))
+        _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
@@ -323,6 +333,7 @@ def task_eval_data(arrays: dict[str, np.ndarray], batch_size: int):
 def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     if not recipe.train.init_from:
         raise UserError("finetune needs a pretrained run: pass --ckpt RUN_DIR")
+    maybe_initialize_distributed()
     source = open_run(recipe.train.init_from)
     max_len = recipe.task.max_seq_length or source.recipe.model.max_seq_length
     if max_len > source.recipe.model.max_seq_length:
@@ -343,8 +354,10 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
     )
     info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "num_labels": td.num_labels,
             "label_names": data.label_names, "metrics": list(td.metrics)}  # fmt: skip
-    prepare_run_dir(run_dir, recipe, info)
-    shutil.copyfile(source.dir / "tokenizer.json", run_dir / "tokenizer.json")
+    if jax.process_index() == 0:
+        prepare_run_dir(run_dir, recipe, info)
+        shutil.copyfile(source.dir / "tokenizer.json", run_dir / "tokenizer.json")
+    barrier("run-dir")
 
     model = build_classifier(recipe.model, td.num_labels, seed=recipe.train.seed)
     src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
@@ -371,8 +384,9 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
               "steps_per_epoch": batches.steps_per_epoch},  # fmt: skip
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
-    summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.metrics[0])
-    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    if jax.process_index() == 0:
+        summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.metrics[0])
+        _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
