@@ -65,14 +65,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     dev = jax.devices()[0]
-    print(f"device: {len(jax.devices())} x {dev.platform} ({dev.device_kind}); {platform.processor() or platform.machine()}")
+    print(
+        f"device: {len(jax.devices())} x {dev.platform} ({dev.device_kind}); "
+        f"{platform.processor() or platform.machine()}"
+    )
     print(f"d={a.hidden}; BiGS {a.gated_layers} gated layers vs BERT {a.stacked_layers} stacked layers; "
           f"{a.tokens} tokens/step; mean over {a.steps} timed steps after compile")  # fmt: skip
-    print(f"{'length':>7} {'batch':>6} {'BiGS tok/s':>11} {'BERT tok/s':>11} {'BiGS/BERT':>10} {'params BiGS/BERT':>18}")
+    print(
+        f"{'length':>7} {'batch':>6} {'BiGS tok/s':>11} {'BERT tok/s':>11} {'BiGS/BERT':>10} {'params BiGS/BERT':>18}"
+    )
     for seq_len in (int(x) for x in a.lengths.split(",")):
         batch = max(1, a.tokens // seq_len)
-        bigs, n_bigs = tokens_per_second(model_cfg("bigs", a.hidden, a.gated_layers, seq_len, a.vocab), batch, seq_len, a.steps)
-        bert, n_bert = tokens_per_second(model_cfg("bert", a.hidden, a.stacked_layers, seq_len, a.vocab), batch, seq_len, a.steps)
+        bigs, n_bigs = tokens_per_second(
+            model_cfg("bigs", a.hidden, a.gated_layers, seq_len, a.vocab), batch, seq_len, a.steps
+        )
+        bert, n_bert = tokens_per_second(
+            model_cfg("bert", a.hidden, a.stacked_layers, seq_len, a.vocab), batch, seq_len, a.steps
+        )
         print(f"{seq_len:>7} {batch:>6} {bigs:>11,.0f} {bert:>11,.0f} {bigs / bert:>10.2f} "
               f"{n_bigs / 1e6:>8.2f}M/{n_bert / 1e6:.2f}M")  # fmt: skip
 

@@ -34,7 +34,9 @@ DryOpt = Annotated[
 ]
 StopOpt = Annotated[
     int | None,
-    typer.Option("--stop-after", help="Stop after N more steps with a checkpoint (time-limited job slots); re-run to go on."),
+    typer.Option(
+        "--stop-after", help="Stop after N more steps with a checkpoint (time-limited job slots); re-run to go on."
+    ),
 ]
 
 
@@ -83,7 +85,9 @@ def _print_plan(p: dict) -> None:
     t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, ffn={p['intermediate_size']}")
     t.add_row("sequence length / vocab", f"{p['seq_len']} / {p['vocab_size']:,}")
     t.add_row("parameters", f"{p['params_total']:,} ({p['params_total'] / 1e6:.1f}M)")
-    t.add_row("parameters without embeddings", f"{p['params_non_embedding']:,} ({p['params_non_embedding'] / 1e6:.1f}M)")
+    t.add_row(
+        "parameters without embeddings", f"{p['params_non_embedding']:,} ({p['params_non_embedding'] / 1e6:.1f}M)"
+    )
     t.add_row("training FLOPs / token", f"{p['train_flops_per_token']:.3e}")
     t.add_row("tokens / step", f"{p['tokens_per_step']:,}")
     t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps")
@@ -114,7 +118,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 @app.command()
 @user_errors
 def preprocess(
-    recipe: Annotated[str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")] = None,
+    recipe: Annotated[
+        str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")
+    ] = None,
     set_: SetOpt = None,
     quiet: QuietOpt = False,
 ):
@@ -128,13 +134,19 @@ def preprocess(
     r = _load(recipe, set_, "default")
     out = run_preprocess(r.data, r.seq_len, quiet=quiet)
     meta = read_metadata(out)
-    typer.echo(json.dumps({"path": str(out), **{k: meta[k] for k in ("documents", "tokens", "vocab_size", "splits")}}, indent=2))
+    typer.echo(
+        json.dumps(
+            {"path": str(out), **{k: meta[k] for k in ("documents", "tokens", "vocab_size", "splits")}}, indent=2
+        )
+    )
 
 
 @app.command()
 @user_errors
 def pretrain(
-    recipe: Annotated[str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")] = None,
+    recipe: Annotated[
+        str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")
+    ] = None,
     set_: SetOpt = None,
     name: NameOpt = None,
     quiet: QuietOpt = False,
@@ -196,7 +208,9 @@ def _task_overrides(r, task, train_file, validation_file, text_fields, label_fie
     return dataclasses.replace(r, task=dataclasses.replace(r.task, **changes))
 
 
-TaskOpt = Annotated[str | None, typer.Option("--task", help="A known task: builtin-order, builtin-next, or a GLUE task.")]
+TaskOpt = Annotated[
+    str | None, typer.Option("--task", help="A known task: builtin-order, builtin-next, or a GLUE task.")
+]
 TrainFileOpt = Annotated[str | None, typer.Option("--train-file", help="Local csv/tsv/jsonl/parquet training file.")]
 ValFileOpt = Annotated[str | None, typer.Option("--validation-file", help="Local validation file.")]
 FieldsOpt = Annotated[str | None, typer.Option("--text-fields", help="Text column(s), comma-separated (one or two).")]
@@ -209,7 +223,9 @@ NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Number o
 def finetune(
     ckpt: Annotated[str, typer.Option("--ckpt", help="Pretrained (or extended) run directory.")],
     task: TaskOpt = None,
-    recipe: Annotated[str | None, typer.Option("--recipe", help="Finetuning recipe (default: finetune_default).")] = None,
+    recipe: Annotated[
+        str | None, typer.Option("--recipe", help="Finetuning recipe (default: finetune_default).")
+    ] = None,
     train_file: TrainFileOpt = None,
     validation_file: ValFileOpt = None,
     text_fields: FieldsOpt = None,
@@ -242,8 +258,9 @@ def finetune(
     _print_summary(summary, run_dir)
     best = summary.get("best_validation")
     if best:
-        typer.echo(f"best validation during training (step {best['step']}; optimistic, as the official script reports): "
-                   + ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split")))  # fmt: skip
+        values = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split"))
+        typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): {values} "
+                   "(optimistic: the official BiGS script reports this one)")  # fmt: skip
 
 
 @app.command()
@@ -254,7 +271,9 @@ def evaluate(
     validation_file: ValFileOpt = None,
     split: Annotated[str, typer.Option("--split", help="Split to score.")] = "validation",
     batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
-    out: Annotated[str | None, typer.Option("--out", help="Metrics JSON path (default: RUN/eval/TASK-SPLIT.json).")] = None,
+    out: Annotated[
+        str | None, typer.Option("--out", help="Metrics JSON path (default: RUN/eval/TASK-SPLIT.json).")
+    ] = None,
 ):
     """Score a run: MLM loss/accuracy for a pretraining run, task metrics for a finetuning run.
 
@@ -271,7 +290,9 @@ def evaluate(
     task_cfg = None
     if task or validation_file:
         base = run.recipe.task if run.kind == "finetune" else TaskConfig()
-        task_cfg = dataclasses.replace(base, name=task or base.name, validation_file=validation_file or base.validation_file)
+        task_cfg = dataclasses.replace(
+            base, name=task or base.name, validation_file=validation_file or base.validation_file
+        )
     result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size)
     path = Path(out) if out else run.dir / "eval" / f"{result['task']}-{split}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,9 +328,13 @@ def analyze_kernels(
 @app.command("import-bigs")
 @user_errors
 def import_bigs(
-    src: Annotated[str, typer.Argument(help="Directory with config.json + flax_model.msgpack, or hub:JunxiongWang/BiGS_512.")],
+    src: Annotated[
+        str, typer.Argument(help="Directory with config.json + flax_model.msgpack, or hub:JunxiongWang/BiGS_512.")
+    ],
     out: Annotated[str, typer.Option("--out", help="Run directory to create.")],
-    task: Annotated[str | None, typer.Option("--task", help="Task of a classification checkpoint (default: its finetuning_task).")] = None,
+    task: Annotated[
+        str | None, typer.Option("--task", help="Task of a classification checkpoint (default: its finetuning_task).")
+    ] = None,
 ):
     """Import a released BiGS checkpoint (Hugging Face Flax layout) as an ssmlm run, to finetune or analyse.
 
@@ -319,7 +344,12 @@ def import_bigs(
     from ssmlm.train.stages import open_run
 
     run = open_run(run_import(src, out, task=task))
-    info = {"run": str(run.dir), "kind": run.kind, "source": run.info["source"], "max_seq_length": run.recipe.model.max_seq_length}
+    info = {
+        "run": str(run.dir),
+        "kind": run.kind,
+        "source": run.info["source"],
+        "max_seq_length": run.recipe.model.max_seq_length,
+    }
     typer.echo(json.dumps(info, indent=2))
 
 

@@ -46,7 +46,9 @@ class ModelConfig:
     ssm_kernels: Literal["shared", "per_channel"] = "shared"  # official BiGS: one kernel for all channels
     num_heads: int = 16  # attention heads (gated_att, bert)
     stack_norm: Literal["post", "pre"] = "post"  # stack_ssm / bert: BERT's post-LN, or pre-LN
-    sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = "split_multiplicative"  # gMLP Table 3
+    sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
+        "split_multiplicative"  # gMLP Table 3
+    )
     spatial: Literal["toeplitz", "dense"] = "toeplitz"  # gMLP spatial weights (Toeplitz for MLM: 2n-1 params)
     tiny_attention_size: int = 64  # aMLP: width of the single-head attention
     causal: bool = False  # gMLP: causal spatial weights (never look ahead)

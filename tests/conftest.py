@@ -17,7 +17,16 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
-SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "the farmer", "our neighbour"]
+SUBJECTS = [
+    "the cat",
+    "a dog",
+    "the old man",
+    "my sister",
+    "the teacher",
+    "a small bird",
+    "the farmer",
+    "our neighbour",
+]
 VERBS = ["saw", "liked", "followed", "found", "helped", "watched", "called", "remembered"]
 OBJECTS = ["the garden", "a red ball", "the river", "an open window", "the tall tree", "a quiet house", "the market"]
 TAILS = ["in the morning", "after the rain", "before dinner", "near the bridge", "every day", "with great care"]

@@ -23,9 +23,7 @@ V, H, D3, LMAX, NSSM = 50, 16, 48, 16, 8
 
 
 def cfg_small(**kw):
-    base = dict(
-        vocab_size=V, hidden_size=H, num_layers=1, intermediate_size=D3, max_seq_length=LMAX, num_ssm=NSSM
-    )
+    base = dict(vocab_size=V, hidden_size=H, num_layers=1, intermediate_size=D3, max_seq_length=LMAX, num_ssm=NSSM)
     base.update(kw)
     return ModelConfig(**base)
 
@@ -106,11 +104,7 @@ def ref_mlm(model, ids, token_types, layer_gelu):
     enc = model.encoder
     e = enc.embeddings
     length = ids.shape[1]
-    h = (
-        arr(e.word.embedding)[ids]
-        + arr(e.token_type.embedding)[token_types]
-        + arr(e.position.embedding)[:length]
-    )
+    h = arr(e.word.embedding)[ids] + arr(e.token_type.embedding)[token_types] + arr(e.position.embedding)[:length]
     h = layer_norm(h, arr(e.norm.scale), arr(e.norm.bias))
     for layer in enc.layers:
         h = ref_layer(layer, h, layer_gelu)
@@ -226,9 +220,7 @@ def test_longer_position_tables_add_only_position_rows():
         assert param_count_formula(ModelConfig(vocab_size=30522, max_seq_length=length))["mlm_total"] == total
     # built (abstractly, one layer to keep it quick): only the position table grows
     one = {
-        n: shape_count(lambda n=n: build_mlm(ModelConfig(vocab_size=30522, num_layers=1, max_seq_length=n)))[
-            0
-        ]
+        n: shape_count(lambda n=n: build_mlm(ModelConfig(vocab_size=30522, num_layers=1, max_seq_length=n)))[0]
         for n in (128, 4096)
     }
     assert one[4096] - one[128] == (4096 - 128) * 1024 == totals[4096] - 346_314_134
@@ -239,11 +231,7 @@ def test_small_model_count_matches_hand_formula(mlm):
     per_layer = ln + (H * D3 + D3) + 4 * (H * H + H) + (H * D3 + D3) + (D3 * H + H) + 2 * ssm
     embeddings = V * H + LMAX * H + 2 * H + 2 * H
     head = H * H + H + 2 * H + V
-    assert (
-        count_params(mlm)
-        == CFG.num_layers * per_layer + embeddings + head
-        == param_count_formula(CFG)["mlm_total"]
-    )
+    assert count_params(mlm) == CFG.num_layers * per_layer + embeddings + head == param_count_formula(CFG)["mlm_total"]
     # the decoder is tied: no (H, V) matrix anywhere
     shapes = [x.shape for x in jax.tree.leaves(nnx.state(mlm, nnx.Param))]
     assert (H, V) not in shapes and shapes.count((V, H)) == 1
@@ -432,9 +420,7 @@ def tie_backward_to_forward(layer):
 def test_flip_equivariance_with_tied_directions():
     x = jax.random.normal(jax.random.key(1), (2, 10, H))
     layer = GatedLayer(LAYER_CFG, rngs=nnx.Rngs(params=2))
-    untied_gap = np.abs(
-        layer_out(layer, LAYER_CFG, flip(x)) - np.asarray(flip(layer_out(layer, LAYER_CFG, x)))
-    ).max()
+    untied_gap = np.abs(layer_out(layer, LAYER_CFG, flip(x)) - np.asarray(flip(layer_out(layer, LAYER_CFG, x)))).max()
     tie_backward_to_forward(layer)
     out, out_flipped = layer_out(layer, LAYER_CFG, x), layer_out(layer, LAYER_CFG, flip(x))
     scale = np.abs(out - np.asarray(x)).max()

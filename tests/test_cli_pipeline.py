@@ -116,7 +116,9 @@ def test_full_pipeline(tiny_recipes):
     ext_dir = runs / "tiny-L64"
     ext_summary = json.loads((ext_dir / "summary.json").read_text())
     assert ext_summary["final_step"] == 4 and np.isfinite(ext_summary["train"]["loss"])
-    ext_meta = json.loads((Path(json.loads((ext_dir / "run.json").read_text())["data_dir"]) / "metadata.json").read_text())
+    ext_meta = json.loads(
+        (Path(json.loads((ext_dir / "run.json").read_text())["data_dir"]) / "metadata.json").read_text()
+    )
     assert ext_meta["max_seq_length"] == 64
 
     # --- finetune on a generated CSV task, then evaluate it

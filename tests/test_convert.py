@@ -157,9 +157,7 @@ def s4_layer(p, u):
     c = p["C"][:, 0] + 1j * p["C"][:, 1]
     step = np.exp(p["log_step"][0])
     length = u.shape[0]
-    k = np.array(
-        [np.real(np.sum(c * (np.exp(step * a) - 1) / a * np.exp(ell * step * a))) for ell in range(length)]
-    )
+    k = np.array([np.real(np.sum(c * (np.exp(step * a) - 1) / a * np.exp(ell * step * a))) for ell in range(length)])
     y = np.zeros_like(u)
     for t in range(length):
         for j in range(t + 1):
@@ -227,9 +225,7 @@ def test_mlm_checkpoint_matches_official_equations(tmp_path):
     out = import_bigs(src, tmp_path / "runs" / "bigs_tiny")
 
     run = open_run(out)
-    assert (
-        run.kind == "pretrain" and run.info["data_dir"] is None and run.info["source"] == str(src.resolve())
-    )
+    assert run.kind == "pretrain" and run.info["data_dir"] is None and run.info["source"] == str(src.resolve())
     m = run.recipe.model
     assert (m.hidden_size, m.num_layers, m.intermediate_size, m.max_seq_length, m.num_ssm, m.vocab_size) == (
         H,
@@ -286,9 +282,7 @@ def test_classification_checkpoint_imports_as_finetune_run(tmp_path):
 
 
 def test_config_mapping():
-    cfg = model_config_from_official(
-        official_config(scaling="lin", pooler_type="mean", hidden_dropout_prob=0.2)
-    )
+    cfg = model_config_from_official(official_config(scaling="lin", pooler_type="mean", hidden_dropout_prob=0.2))
     assert (cfg.a_init, cfg.pooler, cfg.dropout, cfg.gelu, cfg.arch) == ("lin", "mean", 0.2, "tanh", "bigs")
     # BiGSConfig defaults fill missing keys (§2)
     d = model_config_from_official({})
@@ -324,9 +318,9 @@ def _one_line_error(fn, *args) -> str:
 
 def test_unknown_leaf_is_named(tmp_path):
     tree = official_params()
-    tree["s4_bert"]["encoder"]["layer"]["0"]["dv"]["weight"] = tree["s4_bert"]["encoder"]["layer"]["0"][
-        "dv"
-    ].pop("kernel")
+    tree["s4_bert"]["encoder"]["layer"]["0"]["dv"]["weight"] = tree["s4_bert"]["encoder"]["layer"]["0"]["dv"].pop(
+        "kernel"
+    )
     src = write_official(tmp_path / "ck", tree, official_config())
     msg = _one_line_error(import_bigs, src, tmp_path / "out")
     assert "s4_bert/encoder/layer/0/dv/weight" in msg

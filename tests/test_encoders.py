@@ -155,7 +155,9 @@ def test_gated_vs_stack_accounting():
     d = 1024
     per_layer = {}
     for arch, inter in [("bigs", 3 * d), ("gated_att", 3 * d), ("stack_ssm", 4 * d), ("bert", 4 * d)]:
-        one = ModelConfig(arch=arch, vocab_size=8, hidden_size=d, intermediate_size=inter, num_layers=1, max_seq_length=8)
+        one = ModelConfig(
+            arch=arch, vocab_size=8, hidden_size=d, intermediate_size=inter, num_layers=1, max_seq_length=8
+        )
         two = ModelConfig(**{**one.__dict__, "num_layers": 2})
         per_layer[arch] = count_params(abstract(lambda c=two: build_mlm(c))) - count_params(
             abstract(lambda c=one: build_mlm(c))

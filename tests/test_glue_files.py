@@ -97,11 +97,7 @@ def test_columns_and_labels_match_the_hub(glue):
     assert cola["label"] == [1, 0]
     assert read_glue_dir("cola", glue, "validation")["sentence"] == ["The dog barked."]  # glue root works too
     test = read_glue_dir("cola", glue, "test")
-    assert (
-        test["sentence"] == ["A cat.", 'The "odd" one.']
-        and test["label"] == [-1, -1]
-        and test["idx"] == [0, 1]
-    )
+    assert test["sentence"] == ["A cat.", 'The "odd" one.'] and test["label"] == [-1, -1] and test["idx"] == [0, 1]
 
     sst = read_glue_dir("sst2", glue, "train")
     assert sst["sentence"] == ["a fine film ", 'it " stinks', "meh"] and sst["label"] == [1, 0, 0]
@@ -126,11 +122,7 @@ def test_columns_and_labels_match_the_hub(glue):
     assert read_glue_dir("mnli", glue, "test")["label"] == [-1, -1, -1]
 
     qnli = read_glue_dir("qnli", glue, "validation")
-    assert (
-        qnli["question"] == ["Who?", "What?"]
-        and qnli["sentence"][1] == 'The "thing".'
-        and qnli["label"] == [0, 1]
-    )
+    assert qnli["question"] == ["Who?", "What?"] and qnli["sentence"][1] == 'The "thing".' and qnli["label"] == [0, 1]
     rte = read_glue_dir("RTE", glue, "train")
     assert rte["sentence1"] == ["A b.", "C d."] and rte["label"] == [1, 0]
 
@@ -138,9 +130,7 @@ def test_columns_and_labels_match_the_hub(glue):
 def test_mrpc_from_the_msr_release(tmp_path):
     d = tmp_path / "MRPC"
     head = ["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"]  # the MSR files start with a BOM
-    write(
-        d / "msr_paraphrase_train.txt", [head, [1, 1, 2, "a", "b"], [0, 3, 4, "c", "d"], [1, 5, 6, "e", "f"]]
-    )
+    write(d / "msr_paraphrase_train.txt", [head, [1, 1, 2, "a", "b"], [0, 3, 4, "c", "d"], [1, 5, 6, "e", "f"]])
     write(d / "dev_ids.tsv", [[3, 4]])
     assert read_glue_dir("mrpc", d, "train")["sentence1"] == ["a", "e"]
     dev = read_glue_dir("mrpc", d, "validation")
@@ -175,9 +165,7 @@ def test_submission_files(tmp_path):
     assert rte.read_text().splitlines()[1:] == ["0\tnot_entailment", "1\tentailment"]
     assert write_glue_submission("qnli", [0], tmp_path).read_text().splitlines()[1] == "0\tentailment"
     # Labels from local string columns are sorted (contradiction, entailment, neutral): mapped by name.
-    mapped = write_glue_submission(
-        "mnli", [0, 2], tmp_path, label_names=["contradiction", "entailment", "neutral"]
-    )
+    mapped = write_glue_submission("mnli", [0, 2], tmp_path, label_names=["contradiction", "entailment", "neutral"])
     assert mapped.read_text().splitlines()[1:] == ["0\tcontradiction", "1\tneutral"]
     names = {t: write_glue_submission(t, [1], tmp_path).name for t in ("cola", "sst2", "mrpc", "qqp", "stsb")}
     assert names == {

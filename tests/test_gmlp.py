@@ -236,9 +236,7 @@ def test_deterministic_for_a_fixed_seed():
     cfg = cfg_small(arch="amlp")
     ids, types = ids_and_types(2, N)
     a, b, c = build_mlm(cfg, seed=0), build_mlm(cfg, seed=0), build_mlm(cfg, seed=1)
-    np.testing.assert_array_equal(
-        np.asarray(a(ids, token_type_ids=types)), np.asarray(b(ids, token_type_ids=types))
-    )
+    np.testing.assert_array_equal(np.asarray(a(ids, token_type_ids=types)), np.asarray(b(ids, token_type_ids=types)))
     assert not np.allclose(np.asarray(a(ids, token_type_ids=types)), np.asarray(c(ids, token_type_ids=types)))
     rng = jax.random.key(9)  # dropout: the same key gives the same output, no key means no dropout
     np.testing.assert_array_equal(np.asarray(a(ids, rng=rng)), np.asarray(a(ids, rng=rng)))

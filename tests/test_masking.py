@@ -136,9 +136,7 @@ def test_pack_document_short_sequences():
 
 
 def run_mask(base, ids, vocab, max_pred, seed=0, prob=0.15):
-    return mask_batch(
-        base, set(ids.values()), vocab, ids["mask"], prob, max_pred, np.random.default_rng(seed)
-    )
+    return mask_batch(base, set(ids.values()), vocab, ids["mask"], prob, max_pred, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("length,max_pred", [(64, 10), (32, 3), (64, 64)])
@@ -305,9 +303,7 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
     from ssmlm.data.preprocess import preprocess
     from ssmlm.recipe import DataConfig
 
-    cfg = DataConfig(
-        source=str(local_corpus), vocab_size=300, duplicate_factor=1, validation_fraction=0.2, seed=1
-    )
+    cfg = DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=1, validation_fraction=0.2, seed=1)
     t0 = time.perf_counter()
     out = preprocess(cfg, 32, quiet=True)
     first = time.perf_counter() - t0
@@ -322,9 +318,7 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
 
     train, val = load_split(out, "train"), load_split(out, "validation")
     assert (
-        meta["splits"]["train"]["sequences"]
-        == len(train["input_ids"])
-        == meta["splits"]["train"]["unique_sequences"]
+        meta["splits"]["train"]["sequences"] == len(train["input_ids"]) == meta["splits"]["train"]["unique_sequences"]
     )
     assert len(val["input_ids"]) == meta["splits"]["validation"]["sequences"] > 0
     assert train["input_ids"].shape[1] == 32 and train["masked_lm_positions"].shape[1] == 5
@@ -345,9 +339,7 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
         assert text and any(text in d for d in docs), text
     # statistics of the stored masks follow the rule
     pos = train["masked_lm_positions"]
-    np.testing.assert_array_equal(
-        (pos > 0).sum(1), np.minimum(5, np.maximum(1, np.rint(0.15 * n_real[: len(pos)])))
-    )
+    np.testing.assert_array_equal((pos > 0).sum(1), np.minimum(5, np.maximum(1, np.rint(0.15 * n_real[: len(pos)]))))
 
     # reuse: same path, nothing rewritten
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
@@ -367,9 +359,7 @@ def test_preprocess_duplicate_factor(local_corpus):
     from ssmlm.data.preprocess import preprocess
     from ssmlm.recipe import DataConfig
 
-    one = preprocess(
-        DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=1, seed=1), 32, quiet=True
-    )
+    one = preprocess(DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=1, seed=1), 32, quiet=True)
     cfg3 = DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=3, seed=1)
     three = preprocess(cfg3, 32, quiet=True)
     assert three != one

@@ -45,8 +45,10 @@ train: {{steps: 4, batch_size: 8, log_every: 1, eval_every: 0, checkpoint_every:
     for i in range(2):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "SSMLM_COORDINATOR": f"127.0.0.1:{port}",
                "SSMLM_NUM_PROCESSES": "2", "SSMLM_PROCESS_ID": str(i)}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--name", "multi", "-q"],
-                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        cmd = [sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--name", "multi", "-q"]
+        procs.append(
+            subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)
 

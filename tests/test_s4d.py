@@ -282,9 +282,7 @@ def test_ecosystem_worked_output_two_lin_modes():
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     # recurrence with C = 2 (the factor 2 folded into C) gives the same
     re, im = s4d.init_a(2, "lin")
-    y_rec = s4d.ssm_recurrence_ref(
-        re, im, np.array([[2.0, 0.0], [2.0, 0.0]]), np.log([0.1]), 0.0, np.arange(8.0)
-    )
+    y_rec = s4d.ssm_recurrence_ref(re, im, np.array([[2.0, 0.0], [2.0, 0.0]]), np.log([0.1]), 0.0, np.arange(8.0))
     np.testing.assert_allclose(y_rec, expected, rtol=1e-6, atol=1e-7)
 
 
@@ -324,9 +322,7 @@ def test_recurrence_reference_against_hand_loop():
 
 
 def tiny_cfg(**kw):
-    base = dict(
-        vocab_size=50, hidden_size=8, num_layers=1, intermediate_size=24, max_seq_length=16, num_ssm=8
-    )
+    base = dict(vocab_size=50, hidden_size=8, num_layers=1, intermediate_size=24, max_seq_length=16, num_ssm=8)
     base.update(kw)
     return ModelConfig(**base)
 

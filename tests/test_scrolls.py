@@ -106,33 +106,25 @@ def test_quality_parsing():
 def test_quality_features(tok):
     long_story = " ".join(english_lines(100, seed=1))  # far longer than max_len
     short_story = "The cat saw the river."
-    examples = [
-        parse_quality(r) for r in read_rows([quality_row(0, long_story), quality_row(3, short_story)])
-    ]
+    examples = [parse_quality(r) for r in read_rows([quality_row(0, long_story), quality_row(3, short_story)])]
     f = encode_quality(examples, tok, max_len=48)
     assert f["input_ids"].shape == f["token_type_ids"].shape == f["attention_mask"].shape == (2, 4, 48)
     assert f["labels"].tolist() == [0, 3] and f["example_weight"].tolist() == [1.0, 1.0]
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     ids = f["input_ids"]
     assert (ids[:, :, 0] == cls).all()
-    assert (f["attention_mask"][0] == 1).all() and ids[
-        0, 0, -1
-    ] == sep  # long story: truncated to fill max_len
+    assert (f["attention_mask"][0] == 1).all() and ids[0, 0, -1] == sep  # long story: truncated to fill max_len
     story_ids = tok.encode(long_story, add_special_tokens=False).ids
     for c, opt in enumerate(examples[0]["options"]):
         first = tok.encode(f"{examples[0]['question']} {opt}", add_special_tokens=False).ids
         assert ids[0, c, 1 : 1 + len(first)].tolist() == first
         assert ids[0, c, len(first) + 1] == sep
-        assert (
-            ids[0, c, len(first) + 2 : -1].tolist() == story_ids[: 48 - len(first) - 3]
-        )  # the story's start
+        assert ids[0, c, len(first) + 2 : -1].tolist() == story_ids[: 48 - len(first) - 3]  # the story's start
         assert (f["token_type_ids"][0, c, : len(first) + 2] == 0).all()
         assert (f["token_type_ids"][0, c, len(first) + 2 :] == 1).all()
     # short story: padded with 0 and unattended after the final [SEP]
     n = int(f["attention_mask"][1, 2].sum())
-    assert (
-        ids[1, 2, n - 1] == sep and (ids[1, 2, n:] == 0).all() and (f["token_type_ids"][1, 2, n:] == 0).all()
-    )
+    assert ids[1, 2, n - 1] == sep and (ids[1, 2, n:] == 0).all() and (f["token_type_ids"][1, 2, n:] == 0).all()
     assert not np.array_equal(ids[1, 0], ids[1, 1])  # the choices differ
     # a long question + option is cut to max_first_len so the story still gets room
     g = encode_quality(examples, tok, max_len=48, max_first_len=6)
@@ -145,9 +137,7 @@ def test_contract_nli_task_and_encoding(tmp_path, tok):
     train = read_scrolls(
         write_jsonl(tmp_path / "train.jsonl", [cnli_row(i, lab, long_doc) for i, lab in enumerate(labels)])
     )
-    val = read_scrolls(
-        write_jsonl(tmp_path / "validation.jsonl", [cnli_row(9, "Contradiction", "Short doc.")])
-    )
+    val = read_scrolls(write_jsonl(tmp_path / "validation.jsonl", [cnli_row(9, "Contradiction", "Short doc.")]))
     test = read_scrolls(write_jsonl(tmp_path / "test.jsonl", [cnli_row(8, "", "Short doc.")]))
     data = contract_nli_task({"train": train, "validation": val, "test": test})
     # sorted unique training outputs, as the official run_glue.py

@@ -57,7 +57,9 @@ def test_one_device_equals_4x2_mesh(recipe, tmp_path):
     os.chdir(tmp_path)
     r = runner.invoke(app, ["pretrain", str(recipe), "--name", "one", "-q"])
     assert r.exit_code == 0, r.output
-    on_8_devices(tmp_path, "pretrain", recipe, "--name", "eight", "-q", "--set", "mesh.data=4", "--set", "mesh.tensor=2")
+    on_8_devices(
+        tmp_path, "pretrain", recipe, "--name", "eight", "-q", "--set", "mesh.data=4", "--set", "mesh.tensor=2"
+    )
     np.testing.assert_allclose(losses(tmp_path / "runs/one"), losses(tmp_path / "runs/eight"), rtol=1e-4)
     assert_same_params(tmp_path / "runs/one", tmp_path / "runs/eight")
 

@@ -11,9 +11,7 @@ from ssmlm.evaluate.tables import LONG_TASKS, results_table, save_table, to_mark
 def result(tmp_path, name, task, metrics, split="validation", **labels):
     p = tmp_path / f"{name}.json"
     p.write_text(
-        json.dumps(
-            {"run": f"runs/{name}", "task": task, "split": split, "step": 100, "metrics": metrics, **labels}
-        )
+        json.dumps({"run": f"runs/{name}", "task": task, "split": split, "step": 100, "metrics": metrics, **labels})
     )
     return p
 
@@ -23,9 +21,7 @@ def files(tmp_path):
     bigs = {"arch": "gated", "route": "ssm"}
     return [
         result(tmp_path, "b-mnli", "mnli", {"accuracy": 0.826}, **bigs),
-        result(
-            tmp_path, "b-mnli-mm", "mnli", {"accuracy": 0.5}, split="validation_mismatched", **bigs
-        ),  # not Table 1
+        result(tmp_path, "b-mnli-mm", "mnli", {"accuracy": 0.5}, split="validation_mismatched", **bigs),  # not Table 1
         result(tmp_path, "b-qqp", "qqp", {"f1": 0.876, "accuracy": 0.9}, **bigs),  # QQP column is F1
         result(tmp_path, "b-cola1", "cola", {"matthews": 0.60}, **bigs),
         result(tmp_path, "b-cola2", "cola", {"matthews": 0.66}, **bigs),  # seeds are averaged: 63.0
@@ -34,9 +30,7 @@ def files(tmp_path):
         result(tmp_path, "bert-mrpc", "mrpc", {"f1": 0.908, "accuracy": 0.85}, arch="stack", route="att"),
         result(tmp_path, "plain-sst2", "sst2", {"accuracy": 0.915}),  # no labels: the run's name
         result(tmp_path, "b-qnli", "qnli", {"accuracy": 0.892}, arch="bigs"),  # arch only: the paper's route
-        result(
-            tmp_path, "x-qnli", "qnli", {"accuracy": 0.5}, arch="bigs", label="BiGS short"
-        ),  # explicit label
+        result(tmp_path, "x-qnli", "qnli", {"accuracy": 0.5}, arch="bigs", label="BiGS short"),  # explicit label
         result(tmp_path, "mlm", "mlm", {"mlm_loss": 2.0}),  # not a table task
     ]
 
@@ -50,12 +44,8 @@ def test_table_layout_and_average(files):
     assert bigs["MNLI"] == pytest.approx(82.6) and bigs["QQP"] == pytest.approx(87.6)
     assert bigs["COLA"] == pytest.approx(63.0) and bigs["STSB"] == pytest.approx(88.4)
     assert bigs["QNLI"] == pytest.approx(89.2) and pd.isna(bigs["RTE"])
-    assert bigs["AVG"] == pytest.approx(
-        (82.6 + 89.2 + 87.6 + 63.0 + 88.4) / 5
-    )  # mean of the available columns
-    assert df.loc["stack / att", "MRPC"] == pytest.approx(90.8) and df.loc[
-        "stack / att", "RTE"
-    ] == pytest.approx(76.8)
+    assert bigs["AVG"] == pytest.approx((82.6 + 89.2 + 87.6 + 63.0 + 88.4) / 5)  # mean of the available columns
+    assert df.loc["stack / att", "MRPC"] == pytest.approx(90.8) and df.loc["stack / att", "RTE"] == pytest.approx(76.8)
     assert df.loc["plain-sst2", "AVG"] == pytest.approx(91.5)
     mm = results_table(files, split="validation_mismatched")
     assert list(mm.index) == ["gated / ssm"] and mm.loc["gated / ssm", "MNLI"] == pytest.approx(50.0)

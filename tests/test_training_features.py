@@ -64,14 +64,24 @@ def test_gradient_accumulation_matches_the_whole_batch(recipe, tmp_path):
 
 
 def test_ssm_parameter_group():
-    model = build_mlm(ModelConfig(vocab_size=30, hidden_size=8, num_layers=1, intermediate_size=16, max_seq_length=8, num_ssm=4))
+    model = build_mlm(
+        ModelConfig(vocab_size=30, hidden_size=8, num_layers=1, intermediate_size=16, max_seq_length=8, num_ssm=4)
+    )
     params = nnx.state(model, nnx.Param)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    names = {"/".join(str(getattr(k, "key", "")) for k in p if getattr(k, "key", None) is not None) for p, _ in flat if is_ssm(p)}
-    expected = {f"encoder/layers/0/{m}/{leaf}" for m in ("ssm_f", "ssm_b") for leaf in ("A_re", "A_im", "C", "D", "log_step")}
+    names = {
+        "/".join(str(getattr(k, "key", "")) for k in p if getattr(k, "key", None) is not None)
+        for p, _ in flat
+        if is_ssm(p)
+    }
+    expected = {
+        f"encoder/layers/0/{m}/{leaf}" for m in ("ssm_f", "ssm_b") for leaf in ("A_re", "A_im", "C", "D", "log_step")
+    }
     assert {n.replace("/value", "") for n in names} == expected
     # lr multiplier 0 freezes exactly the SSM parameters
-    tx, _ = make_optimizer(TrainConfig(steps=10, warmup_steps=0, ssm_lr_multiplier=0.0, ssm_weight_decay=False), 10, params)
+    tx, _ = make_optimizer(
+        TrainConfig(steps=10, warmup_steps=0, ssm_lr_multiplier=0.0, ssm_weight_decay=False), 10, params
+    )
     grads = jax.tree.map(np.ones_like, params)
     updates, _ = tx.update(grads, tx.init(params), params)
     for path, u in jax.tree_util.tree_flatten_with_path(updates)[0]:

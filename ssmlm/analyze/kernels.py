@@ -22,5 +22,7 @@ def analyze_kernels(run, out_dir: Path, window: int = 10, length: int | None = N
     png = plot_kernels(
         fwd, bwd, window, f"SSM kernels of {run.dir.name} (step {meta['step']}, L={length})", out_dir / "kernels.png"
     )
-    full = plot_kernels(fwd, bwd, length - 1, f"SSM kernels of {run.dir.name}, all offsets", out_dir / "kernels_full.png")
+    full = plot_kernels(
+        fwd, bwd, length - 1, f"SSM kernels of {run.dir.name}, all offsets", out_dir / "kernels_full.png"
+    )
     return {"plot": str(png), "plot_full": str(full), "data": str(out_dir / "kernels.npz"), "layers": fwd.shape[0]}

@@ -60,9 +60,7 @@ LAYOUTS = {
         files=_MNLI_FILES,
     ),
     "qnli": GlueLayout("QNLI", {"question": "question", "sentence": "sentence"}, "label", BINARY_NLI_LABELS),
-    "rte": GlueLayout(
-        "RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label", BINARY_NLI_LABELS
-    ),
+    "rte": GlueLayout("RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label", BINARY_NLI_LABELS),
 }
 
 

@@ -72,7 +72,9 @@ def mask_batch(
     labels = np.where(used, input_ids[rows, positions], 0).astype(np.int32)
 
     r = rng.random((n, max_predictions))
-    replacement = np.where(r < 0.8, mask_id, np.where(r < 0.9, labels, rng.integers(0, vocab_size, (n, max_predictions))))
+    replacement = np.where(
+        r < 0.8, mask_id, np.where(r < 0.9, labels, rng.integers(0, vocab_size, (n, max_predictions)))
+    )
     masked = input_ids.copy()
     rr, cc = np.nonzero(used)
     masked[rr, positions[rr, cc]] = replacement[rr, cc]

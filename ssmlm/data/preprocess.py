@@ -57,7 +57,13 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
     out_root = Path(out_root or ssmlm_home() / "data")
     tok_id = "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer)
     key = json.dumps(
-        {"v": FORMAT_VERSION, "cfg": asdict(cfg), "len": seq_len, "corpus": corpus_fingerprint(cfg.source, cfg.text_field, cfg.split, cfg.max_documents), "tok": tok_id},
+        {
+            "v": FORMAT_VERSION,
+            "cfg": asdict(cfg),
+            "len": seq_len,
+            "corpus": corpus_fingerprint(cfg.source, cfg.text_field, cfg.split, cfg.max_documents),
+            "tok": tok_id,
+        },
         sort_keys=True,
     )
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -110,7 +116,12 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
             cols: dict[str, list[np.ndarray]] = {}
             for d in range(dup):
                 m = mask_batch(
-                    base, {ids["pad"], ids["cls"], ids["sep"]}, vocab_size, ids["mask"], cfg.masked_lm_prob, p,
+                    base,
+                    {ids["pad"], ids["cls"], ids["sep"]},
+                    vocab_size,
+                    ids["mask"],
+                    cfg.masked_lm_prob,
+                    p,
                     np.random.default_rng([cfg.seed, d, split == "train"]),
                 )
                 for k, v in m.items():

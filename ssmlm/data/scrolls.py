@@ -37,9 +37,7 @@ def _merge(lines: list[str], where: str) -> list[dict]:
             continue
         try:
             r = json.loads(line)
-            row = rows.setdefault(
-                r["id"], {"id": r["id"], "pid": r.get("pid"), "input": r["input"], "outputs": []}
-            )
+            row = rows.setdefault(r["id"], {"id": r["id"], "pid": r.get("pid"), "input": r["input"], "outputs": []})
         except (ValueError, KeyError, TypeError) as e:
             raise DataError(f"{where}, line {n}: not a SCROLLS row ({type(e).__name__}: {e})") from None
         if r.get("output"):
@@ -52,9 +50,7 @@ def read_scrolls(path: str | Path, split: str = "validation") -> list[dict]:
     p = Path(path).expanduser()
     if p.suffix == ".zip" and p.is_file():
         with zipfile.ZipFile(p) as z:
-            member = next(
-                (m for m in z.namelist() if m.endswith(f"/{split}.jsonl") or m == f"{split}.jsonl"), None
-            )
+            member = next((m for m in z.namelist() if m.endswith(f"/{split}.jsonl") or m == f"{split}.jsonl"), None)
             if member is None:
                 raise DataError(f"{p}: holds no {split}.jsonl")
             return _merge(z.read(member).decode("utf-8").splitlines(), f"{p}:{member}")
@@ -169,9 +165,7 @@ def contract_nli_task(splits: dict[str, list[dict]]) -> TaskData:
         for r in rows:
             out = r["outputs"][0] if r["outputs"] else None
             if out is not None and out not in names:
-                raise DataError(
-                    f"contract_nli ({split}) row {r['id']}: label '{out}' not seen in training data"
-                )
+                raise DataError(f"contract_nli ({split}) row {r['id']}: label '{out}' not seen in training data")
             labels.append(names.index(out) if out is not None else -1)
         cols[split] = {
             "hypothesis": [h for h, _ in pairs],

@@ -190,7 +190,9 @@ def corpus_fingerprint(source: str, text_field: str = "text", split: str = "trai
     return fp + (f"-max{max_documents}" if max_documents else "")
 
 
-def load_corpus(source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None) -> Corpus:
+def load_corpus(
+    source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None
+) -> Corpus:
     if source == "builtin":
         corpus = builtin_corpus()
     elif source.startswith("hub:"):

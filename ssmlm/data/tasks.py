@@ -189,7 +189,11 @@ def load_task(cfg: TaskConfig) -> TaskData:
             splits["test"] = _read_local(files["test"], "task.test_file")
     label_names = None
     for split, cols in splits.items():
-        missing = [c for c in (*td.text_fields, td.label_field) if c not in cols and not (split == "test" and c == td.label_field)]
+        missing = [
+            c
+            for c in (*td.text_fields, td.label_field)
+            if c not in cols and not (split == "test" and c == td.label_field)
+        ]
         if missing:
             raise DataError(f"task {td.name} ({split}): missing column(s) {missing}; columns: {list(cols)}")
     # String labels (e.g. 'entailment') are mapped to ids in sorted order of the training labels.

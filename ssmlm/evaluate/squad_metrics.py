@@ -49,9 +49,7 @@ def _has_answer(example: dict) -> bool:
     return bool(answers["text"] if isinstance(answers, dict) else answers)
 
 
-def squad_scores(
-    predictions: dict[str, str], examples: list[dict], version_2: bool | None = None
-) -> dict[str, float]:
+def squad_scores(predictions: dict[str, str], examples: list[dict], version_2: bool | None = None) -> dict[str, float]:
     """EM and F1 in percent over ``examples`` (flat SQuAD rows); a missing prediction scores 0.
 
     ``version_2`` None: SQuAD 2.0 when any example has no answer. 2.0 adds HasAns_*/NoAns_* splits.

@@ -108,14 +108,10 @@ def to_markdown(df: pd.DataFrame, digits: int = 1) -> str:
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
 
     def fmt(cells: list[str]) -> str:  # the label column left-aligned, numbers right-aligned
-        padded = [
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
+        padded = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "| " + " | ".join(padded) + " |"
 
-    rule = (
-        "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    )
+    rule = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
     return "\n".join([fmt(head), rule, *map(fmt, body)]) + "\n"
 
 

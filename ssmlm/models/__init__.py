@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 from flax import nnx
-
-import importlib
 
 from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
 from ssmlm.recipe import ModelConfig

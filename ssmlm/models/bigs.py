@@ -136,7 +136,9 @@ class BiGSEncoder(Encoder):
         """Forward and backward kernels of every layer, each (num_layers, L) — for `analyze kernels`.
         With per-channel kernels the mean over channels is returned."""
         k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731
-        return jnp.stack([k(layer.ssm_f) for layer in self.layers]), jnp.stack([k(layer.ssm_b) for layer in self.layers])
+        return jnp.stack([k(layer.ssm_f) for layer in self.layers]), jnp.stack(
+            [k(layer.ssm_b) for layer in self.layers]
+        )
 
 
 class GatedAttentionEncoder(Encoder):

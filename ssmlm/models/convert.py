@@ -99,9 +99,7 @@ def _resolve(src: str | Path) -> tuple[Path, dict[str, Any]]:
 def _download(name: str) -> tuple[Path, dict[str, Any]]:
     repo, _, revision = name.partition("@")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
-        raise CheckpointError(
-            f"'hub:{name}': expected hub:OWNER/NAME[@REVISION], e.g. hub:JunxiongWang/BiGS_512"
-        )
+        raise CheckpointError(f"'hub:{name}': expected hub:OWNER/NAME[@REVISION], e.g. hub:JunxiongWang/BiGS_512")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
@@ -113,9 +111,12 @@ def _download(name: str) -> tuple[Path, dict[str, Any]]:
     except Exception as e:  # offline, unknown repo, no access, network: all one line for the user
         from huggingface_hub import constants
 
-        offline = bool(getattr(constants, "HF_HUB_OFFLINE", False)) or os.environ.get(
-            "HF_HUB_OFFLINE", ""
-        ) in ("1", "true", "ON", "YES")
+        offline = bool(getattr(constants, "HF_HUB_OFFLINE", False)) or os.environ.get("HF_HUB_OFFLINE", "") in (
+            "1",
+            "true",
+            "ON",
+            "YES",
+        )
         why = "offline (HF_HUB_OFFLINE is set) and not in the local cache" if offline else _first_line(e)
         raise CheckpointError(
             f"hub:{name}: could not download the checkpoint ({type(e).__name__}: {why}); download "
@@ -146,9 +147,7 @@ def _read_dir(d: Path, src: str) -> tuple[dict, dict[str, np.ndarray]]:
         raise CheckpointError(f"BiGS checkpoint '{src}': no {CONFIG_FILE} in {d}")
     if not w_path.is_file():
         other = [n for n in ("pytorch_model.bin", "model.safetensors") if (d / n).is_file()]
-        extra = (
-            f" (it holds only the PyTorch port's {other[0]}; the Flax weights are needed)" if other else ""
-        )
+        extra = f" (it holds only the PyTorch port's {other[0]}; the Flax weights are needed)" if other else ""
         raise CheckpointError(f"BiGS checkpoint '{src}': no {WEIGHTS_FILE} in {d}{extra}")
     try:
         config = json.loads(cfg_path.read_text())
@@ -208,9 +207,7 @@ def model_config_from_official(config: dict) -> ModelConfig:
             "config.json: 'pre_norm' = false (post-LN BiGS) is not supported; released models are pre-LN"
         )
     if config.get("num_ssm_heads") not in (None, 1):
-        raise CheckpointError(
-            "config.json: 'num_ssm_heads' is set (the unreleased multihead branch); not supported"
-        )
+        raise CheckpointError("config.json: 'num_ssm_heads' is set (the unreleased multihead branch); not supported")
     if (config.get("position_embedding_type") or "absolute") != "absolute":
         raise CheckpointError(
             f"config.json: 'position_embedding_type' = {config['position_embedding_type']!r}: only 'absolute'"
@@ -220,9 +217,7 @@ def model_config_from_official(config: dict) -> ModelConfig:
             f"config.json: 'hidden_act' = {config['hidden_act']!r}: only 'gelu' (exact, the MLM head's)"
         )
     if config.get("tie_word_embeddings", True) is not True:
-        raise CheckpointError(
-            "config.json: 'tie_word_embeddings' = false: only the tied MLM decoder is supported"
-        )
+        raise CheckpointError("config.json: 'tie_word_embeddings' = false: only the tied MLM decoder is supported")
     dropout = _get(config, "hidden_dropout_prob", 0.1, float)
     return ModelConfig(
         arch="bigs",
@@ -390,12 +385,8 @@ def _task_fields(task: str | None, num_labels: int, config: dict, max_len: int):
         if td is not None and td.num_labels != num_labels:  # not the task it claims to be
             task = td = None
     id2label = config.get("id2label") or {}
-    names = (
-        [str(id2label.get(str(i), id2label.get(i, ""))) for i in range(num_labels)] if num_labels > 1 else []
-    )
-    label_names = (
-        names if names and all(names) and not all(re.fullmatch(r"LABEL_\d+", n) for n in names) else None
-    )
+    names = [str(id2label.get(str(i), id2label.get(i, ""))) for i in range(num_labels)] if num_labels > 1 else []
+    label_names = names if names and all(names) and not all(re.fullmatch(r"LABEL_\d+", n) for n in names) else None
     if td is not None:
         metrics = list(td.metrics)
         tcfg = TaskConfig(name=td.name, text_fields=list(td.text_fields), label_field=td.label_field,
@@ -459,9 +450,7 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
         info.update(task_info)
         recipe_kw["task"] = tcfg
     elif task:
-        raise UserError(
-            f"--task {task}: the checkpoint is a masked-LM one (no classifier); finetune it instead"
-        )
+        raise UserError(f"--task {task}: the checkpoint is a masked-LM one (no classifier); finetune it instead")
     recipe = Recipe(
         name=out.name,
         description=f"official BiGS checkpoint imported from {src_info['source']}",

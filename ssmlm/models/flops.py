@@ -59,4 +59,3 @@ def memory_bytes(model, cfg: ModelConfig) -> dict[str, int]:
 def abstract(build) -> nnx.Module:
     """A model whose parameters are shapes only (jax.ShapeDtypeStruct): nothing is allocated."""
     return nnx.eval_shape(build)
-

@@ -232,9 +232,7 @@ class GMLPEncoder(Encoder):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if cfg.sgu == "split_multiplicative" and cfg.intermediate_size % 2:
-            raise ValueError(
-                f"sgu=split_multiplicative halves intermediate_size, got {cfg.intermediate_size}"
-            )
+            raise ValueError(f"sgu=split_multiplicative halves intermediate_size, got {cfg.intermediate_size}")
         super().__init__(cfg, GMLPBlock, rngs=rngs, positions=False)
 
     def spatial_weights(self, length: int | None = None) -> jax.Array:

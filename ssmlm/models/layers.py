@@ -71,7 +71,8 @@ class Embeddings(nnx.Module):
         length = input_ids.shape[1]
         if length > self.max_len:
             raise ValueError(
-                f"input length {length} exceeds max_seq_length {self.max_len}; use extend-length to train a longer model"
+                f"input length {length} exceeds max_seq_length {self.max_len}; "
+                "use extend-length to train a longer model"
             )
         h = self.word(input_ids) + self.token_type(token_type_ids)
         if self.position is not None:

@@ -26,7 +26,12 @@ class Checkpoints:
         if best:
             lower = "loss" in best or "perplexity" in best
             policy = cm.AnyPreservationPolicy(
-                [policy, cm.BestN(get_metric_fn=lambda m: m[best], reverse=lower, n=1, keep_checkpoints_without_metrics=False)]
+                [
+                    policy,
+                    cm.BestN(
+                        get_metric_fn=lambda m: m[best], reverse=lower, n=1, keep_checkpoints_without_metrics=False
+                    ),
+                ]
             )
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
         self.mgr = ocp.CheckpointManager(self.dir, options=opts)

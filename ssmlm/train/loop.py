@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
@@ -142,7 +141,9 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
                    donate_argnums=(0, 1))  # fmt: skip
 
 
-def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+def run(
+    stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None
+) -> dict[str, Any]:
     """Train ``stage`` to its total steps, resuming from the run's newest checkpoint.
 
     ``stop_after`` ends this invocation after that many more steps, with a checkpoint (for job slots
@@ -178,7 +179,9 @@ def run(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_a
         start = int(meta["step"])
         last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
         log.truncate_after(start)
-        console.print(f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True)
+        console.print(
+            f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True
+        )
 
     stop = min(total, start + stop_after) if stop_after else total
     train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed, (p_sh, o_sh, b_sh), cfg.grad_accum)

@@ -49,13 +49,18 @@ def make_optimizer(cfg: TrainConfig, total: int, params=None) -> tuple[optax.Gra
     group (the S4 convention; the official BiGS code treats them like every other parameter)."""
     lr = schedule(cfg, total)
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-    adamw = lambda rate, wd: optax.adamw(rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps, weight_decay=wd, mask=decay_mask)  # noqa: E731
+    adamw = lambda rate, wd: optax.adamw(
+        rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps, weight_decay=wd, mask=decay_mask
+    )  # noqa: E731
     special = cfg.ssm_lr_multiplier != 1.0 or not cfg.ssm_weight_decay
     if not special:
         parts.append(adamw(lr, cfg.weight_decay))
     else:
         ssm_lr = lambda step: lr(step) * cfg.ssm_lr_multiplier  # noqa: E731
-        groups = {"default": adamw(lr, cfg.weight_decay), "ssm": adamw(ssm_lr, cfg.weight_decay if cfg.ssm_weight_decay else 0.0)}
+        groups = {
+            "default": adamw(lr, cfg.weight_decay),
+            "ssm": adamw(ssm_lr, cfg.weight_decay if cfg.ssm_weight_decay else 0.0),
+        }
         labels = lambda tree: jax.tree_util.tree_map_with_path(lambda p, _: "ssm" if is_ssm(p) else "default", tree)  # noqa: E731
         parts.append(optax.multi_transform(groups, labels))
     return optax.chain(*parts), lr

@@ -249,9 +249,7 @@ def pretrain(
     maybe_initialize_distributed()
     seq_len = recipe.seq_len
     if seq_len > recipe.model.max_seq_length:
-        raise UserError(
-            f"data.max_seq_length = {seq_len} exceeds model.max_seq_length = {recipe.model.max_seq_length}"
-        )
+        raise UserError(f"data.max_seq_length = {seq_len} exceeds model.max_seq_length = {recipe.model.max_seq_length}")
     # Process 0 preprocesses; the others find its result in the shared cache.
     if jax.process_index() == 0:
         data_dir = preprocess(data_cfg, seq_len, quiet=quiet)
@@ -261,7 +259,9 @@ def pretrain(
     meta = read_metadata(data_dir)
     recipe = dataclasses.replace(recipe, model=with_vocab(recipe.model, meta["vocab_size"]))
     if jax.process_index() == 0:
-        prepare_run_dir(run_dir, recipe, {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None})
+        prepare_run_dir(
+            run_dir, recipe, {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None}
+        )
         shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
     barrier("run-dir")
 
@@ -281,8 +281,13 @@ def pretrain(
         eval_fn=mlm_eval,
         eval_data=mlm_eval_data(data_dir, recipe),
         score=mlm_score,
-        meta={"data_dir": str(data_dir), "data_fingerprint": meta["fingerprint"], "max_predictions": meta["max_predictions"],
-              "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"), "steps_per_epoch": batches.steps_per_epoch},  # fmt: skip
+        meta={
+            "data_dir": str(data_dir),
+            "data_fingerprint": meta["fingerprint"],
+            "max_predictions": meta["max_predictions"],
+            "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
+            "steps_per_epoch": batches.steps_per_epoch,
+        },  # fmt: skip
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     from ssmlm.analyze.plots import plot_metrics
@@ -348,8 +353,11 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
         model=dataclasses.replace(source.recipe.model, dropout=recipe.model.dropout),
         data=source.recipe.data,
         task=dataclasses.replace(
-            recipe.task, max_seq_length=max_len, num_labels=td.num_labels,
-            text_fields=list(td.text_fields), label_field=td.label_field,
+            recipe.task,
+            max_seq_length=max_len,
+            num_labels=td.num_labels,
+            text_fields=list(td.text_fields),
+            label_field=td.label_field,
         ),  # fmt: skip
     )
     info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "num_labels": td.num_labels,
@@ -369,7 +377,9 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
     total = int(batches.steps_per_epoch * epochs) if epochs else recipe.train.steps
     eval_every = recipe.train.eval_every
     if eval_every == 0 and epochs:  # evaluate at every epoch end by default
-        recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, eval_every=batches.steps_per_epoch))
+        recipe = dataclasses.replace(
+            recipe, train=dataclasses.replace(recipe.train, eval_every=batches.steps_per_epoch)
+        )
     stage = loop.Stage(
         kind="finetune",
         model=model,
@@ -380,8 +390,11 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
         eval_fn=classification_eval,
         eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if "validation" in arrays else None,
         score=classification_scorer(td.metrics),
-        meta={"task": td.name, "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
-              "steps_per_epoch": batches.steps_per_epoch},  # fmt: skip
+        meta={
+            "task": td.name,
+            "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
+            "steps_per_epoch": batches.steps_per_epoch,
+        },  # fmt: skip
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     if jax.process_index() == 0:
@@ -413,8 +426,9 @@ def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: 
         data, arrays = encoded_task(dataclasses.replace(run.recipe, task=task), run.tokenizer(), task.max_seq_length)
         if split not in arrays:
             raise UserError(f"task {data.definition.name} has no '{split}' split (has {list(arrays)})")
-        stage = loop.Stage("evaluate", model, None, None, 0, 0, classification_eval,
-                           task_eval_data(arrays[split], batch_size), classification_scorer(data.definition.metrics))  # fmt: skip
+        eval_data = task_eval_data(arrays[split], batch_size)
+        scorer = classification_scorer(data.definition.metrics)
+        stage = loop.Stage("evaluate", model, None, None, 0, 0, classification_eval, eval_data, scorer)
         name = data.definition.name
     else:
         if recipe_task is not None and recipe_task.name:
@@ -425,7 +439,8 @@ def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: 
                 "finetune it or evaluate a task"
             )
         data_dir = Path(run.info["data_dir"])
-        ev = mlm_eval_data(data_dir, dataclasses.replace(run.recipe, train=dataclasses.replace(run.recipe.train, batch_size=batch_size, eval_batches=0)))  # fmt: skip
+        train = dataclasses.replace(run.recipe.train, batch_size=batch_size, eval_batches=0)
+        ev = mlm_eval_data(data_dir, dataclasses.replace(run.recipe, train=train))
         if ev is None:
             raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
         stage = loop.Stage("evaluate", model, None, None, 0, 0, mlm_eval, ev, mlm_score)
