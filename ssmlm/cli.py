@@ -195,9 +195,10 @@ def extend_length(
     _print_summary(summary, run_dir)
 
 
-def _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels):
+def _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir=None):
     changes = {
         "name": task,
+        "data_dir": data_dir,
         "train_file": train_file,
         "validation_file": validation_file,
         "text_fields": text_fields.split(",") if text_fields else None,
@@ -216,13 +217,29 @@ ValFileOpt = Annotated[str | None, typer.Option("--validation-file", help="Local
 FieldsOpt = Annotated[str | None, typer.Option("--text-fields", help="Text column(s), comma-separated (one or two).")]
 LabelOpt = Annotated[str | None, typer.Option("--label-field", help="Label column.")]
 NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Number of classes; 1 = regression.")]
+DataDirOpt = Annotated[
+    str | None,
+    typer.Option("--data-dir", help="Task files in their original layout (GLUE TSVs, SQuAD JSON, SCROLLS JSONL)."),
+]
 
 
 @app.command()
 @user_errors
 def finetune(
-    ckpt: Annotated[str, typer.Option("--ckpt", help="Pretrained (or extended) run directory.")],
+    ckpt: Annotated[str | None, typer.Option("--ckpt", help="Pretrained (or extended) run directory.")] = None,
     task: TaskOpt = None,
+    init_from: Annotated[
+        str | None,
+        typer.Option(
+            "--init-from",
+            help="A finetuned run (e.g. MNLI) to start from instead: encoder, pooler and "
+            "classifier (when the label space matches) are copied — the paper's RTE/MRPC/STS-B convention.",
+        ),
+    ] = None,  # fmt: skip
+    data_dir: DataDirOpt = None,
+    seeds: Annotated[
+        str | None, typer.Option("--seeds", help="Comma-separated seeds: one run each, mean and std reported.")
+    ] = None,
     recipe: Annotated[
         str | None, typer.Option("--recipe", help="Finetuning recipe (default: finetune_default).")
     ] = None,
@@ -243,8 +260,11 @@ def finetune(
     """
     from ssmlm.train.stages import finetune as run_finetune
 
+    ckpt = init_from or ckpt
+    if not ckpt:
+        raise UserError("finetune needs a checkpoint: pass --ckpt RUN_DIR (or --init-from FINETUNED_RUN)")
     r = _load(recipe, set_, "finetune_default")
-    r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels)
+    r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir)
     if dry_run:
         from ssmlm.data.tasks import get_task
         from ssmlm.train.plan import plan_finetune
@@ -253,14 +273,41 @@ def finetune(
         return _print_plan(plan_finetune(r, ckpt, k))
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
-    run_dir = _run_dir(r, name or f"{Path(ckpt).name}-{task_name}")
-    summary = run_finetune(r, run_dir, quiet=quiet, stop_after=stop_after)
-    _print_summary(summary, run_dir)
-    best = summary.get("best_validation")
-    if best:
-        values = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split"))
-        typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): {values} "
-                   "(optimistic: the official BiGS script reports this one)")  # fmt: skip
+    base_name = name or f"{Path(ckpt).name}-{task_name}"
+    seed_list = [int(x) for x in seeds.split(",")] if seeds else [None]
+    results = []
+    for seed in seed_list:
+        rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
+        run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
+        summary = run_finetune(rs, run_dir, quiet=quiet, stop_after=stop_after)
+        _print_summary(summary, run_dir)
+        best = summary.get("best_validation")
+        if best:
+            values = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split"))
+            typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): "
+                       f"{values} (optimistic: the official BiGS script reports this one)")  # fmt: skip
+        results.append(summary)
+    if seeds:
+        _report_seeds(results, seed_list, _run_dir(r, f"{base_name}-seeds.json"))
+
+
+def _report_seeds(summaries: list[dict], seeds: list[int], path: Path) -> None:
+    """Mean and standard deviation over seeds of the final and the best validation metrics."""
+    import numpy as np
+
+    out = {"seeds": seeds, "final": {}, "best": {}}
+    getters = {"final": lambda s: s.get("validation") or {}, "best": lambda s: s.get("best_validation") or {}}
+    for kind, get in getters.items():
+        for k, v in get(summaries[0]).items():
+            if isinstance(v, float):
+                vals = np.array([get(s)[k] for s in summaries])
+                std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+                out[kind][k] = {"mean": float(vals.mean()), "std": std, "values": vals.tolist()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    for k, v in out["final"].items():
+        typer.echo(f"{k}: {v['mean']:.4f} ± {v['std']:.4f} over {len(seeds)} seeds (final)")
+    typer.echo(f"wrote {path}")
 
 
 @app.command()
@@ -269,7 +316,12 @@ def evaluate(
     ckpt: Annotated[str, typer.Option("--ckpt", help="Run directory to evaluate.")],
     task: TaskOpt = None,
     validation_file: ValFileOpt = None,
+    data_dir: DataDirOpt = None,
     split: Annotated[str, typer.Option("--split", help="Split to score.")] = "validation",
+    submission: Annotated[
+        str | None,
+        typer.Option("--submission", help="Also write the split's predictions as GLUE leaderboard files here."),
+    ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
     out: Annotated[
         str | None, typer.Option("--out", help="Metrics JSON path (default: RUN/eval/TASK-SPLIT.json).")
@@ -288,12 +340,16 @@ def evaluate(
 
     run = open_run(ckpt)
     task_cfg = None
-    if task or validation_file:
+    if task or validation_file or data_dir:
         base = run.recipe.task if run.kind == "finetune" else TaskConfig()
         task_cfg = dataclasses.replace(
-            base, name=task or base.name, validation_file=validation_file or base.validation_file
+            base,
+            name=task or base.name,
+            validation_file=validation_file or base.validation_file,
+            data_dir=data_dir or base.data_dir,
         )
-    result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size)
+    sub_dir = Path(submission) if submission else None
+    result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=sub_dir)
     path = Path(out) if out else run.dir / "eval" / f"{result['task']}-{split}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
@@ -303,7 +359,32 @@ def evaluate(
     for k, v in result["metrics"].items():
         t.add_row(k, f"{v:.4f}")
     Console().print(t)
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {path}" + (f" and {result['submission']}" if result.get("submission") else ""))
+
+
+@app.command()
+@user_errors
+def results(
+    runs: Annotated[list[str], typer.Argument(help="Run directories (their eval/*.json) or result JSON files.")],
+    long: Annotated[bool, typer.Option("--long", help="SQuAD / QuALITY / ContractNLI columns (Tables 2-3).")] = False,
+    split: Annotated[str, typer.Option("--split")] = "validation",
+    out: Annotated[str | None, typer.Option("--out", help="Save as .csv or .md.")] = None,
+):
+    """Gather `evaluate` results into one table laid out like BiGS Table 1 (rows: arch / route).
+
+    Example: ssmlm results runs/*-mnli runs/*-sst2 --out table1.md
+    """
+    from ssmlm.evaluate.tables import GLUE_TABLE1, LONG_TASKS, results_table, save_table, to_markdown
+
+    files = []
+    for r in map(Path, runs):
+        files += sorted((r / "eval").glob("*.json")) if r.is_dir() else [r]
+    if not files:
+        raise UserError("no result files found: run `ssmlm evaluate --ckpt RUN` first (it writes RUN/eval/*.json)")
+    df = results_table(files, LONG_TASKS if long else GLUE_TABLE1, split=split)
+    typer.echo(to_markdown(df))
+    if out:
+        typer.echo(f"wrote {save_table(df, out)}")
 
 
 @analyze_app.command("kernels")

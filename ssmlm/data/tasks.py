@@ -29,6 +29,7 @@ class TaskDef:
     hub: tuple[str, str] | None = None  # (dataset, config) on the Hugging Face hub
     splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
     description: str = ""
+    head: str = "classify"  # classify (pooler + classifier), span (start/end logits), choice (multiple choice)
 
 
 GLUE = {
@@ -63,7 +64,18 @@ BUILTIN = {
     ),
 }
 
-TASKS: dict[str, TaskDef] = {**BUILTIN, **GLUE}
+LONG = {
+    "squad": TaskDef("squad", ("question", "context"), "answers", 2, ("f1", "exact_match"),
+                     ("rajpurkar/squad", None), head="span", description="SQuAD 1.1 (span extraction)"),
+    "squad_v2": TaskDef("squad_v2", ("question", "context"), "answers", 2, ("f1", "exact_match"),
+                        ("rajpurkar/squad_v2", None), head="span", description="SQuAD 2.0 (with unanswerable)"),
+    "quality": TaskDef("quality", ("input",), "output", 4, ("accuracy",), ("tau/scrolls", "quality"),
+                       head="choice", description="SCROLLS QuALITY (multiple choice, EM)"),
+    "contract_nli": TaskDef("contract_nli", ("hypothesis", "document"), "label", 3, ("accuracy",),
+                            ("tau/scrolls", "contract_nli"), description="SCROLLS ContractNLI (EM)"),
+}  # fmt: skip
+
+TASKS: dict[str, TaskDef] = {**BUILTIN, **GLUE, **LONG}
 LOCAL_KINDS = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -175,18 +187,44 @@ def load_task(cfg: TaskConfig) -> TaskData:
         raise DataError(f"task.text_fields = {list(td.text_fields)}: expected one or two column names")
     files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
     splits: dict[str, dict[str, list]] = {}
+    if cfg.name == "contract_nli":
+        from ssmlm.data.scrolls import contract_nli_task, read_scrolls, scrolls_from_hub
+
+        def rows(split):
+            src = files.get(split) or cfg.data_dir
+            return read_scrolls(src, split) if src else scrolls_from_hub("contract_nli", split)
+
+        return contract_nli_task({s: rows(s) for s in ("train", "validation")})
     if cfg.name in BUILTIN and not cfg.train_file:
         splits = builtin_task(cfg.name)
     else:
         for split in ("train", "validation"):
             if files[split]:
                 splits[split] = _read_local(files[split], f"task.{split}_file")
+            elif cfg.data_dir and td.name in GLUE:
+                from ssmlm.data.glue import read_glue_dir
+
+                splits[split] = read_glue_dir(td.name, cfg.data_dir, split)
             elif td.hub:
                 splits[split] = _read_hub(td, split)
             elif split == "train":
                 raise DataError("task.train_file is required for a task without a known source")
+        for extra in set(td.splits) - {"train", "validation"}:
+            if td.hub and not files["train"] and not cfg.data_dir:  # e.g. MNLI mismatched from the hub
+                splits[extra] = _read_hub(td, extra)
         if files["test"]:
             splits["test"] = _read_local(files["test"], "task.test_file")
+        elif cfg.data_dir and td.name in GLUE:
+            from ssmlm.data.glue import read_glue_dir
+
+            try:  # test inputs are optional; their predictions become the leaderboard files
+                splits["test"] = read_glue_dir(td.name, cfg.data_dir, "test")
+                if td.name == "mnli":
+                    splits["test_mismatched"] = read_glue_dir(td.name, cfg.data_dir, "test_mismatched")
+            except DataError:
+                pass
+            if td.name == "mnli":
+                splits["validation_mismatched"] = read_glue_dir(td.name, cfg.data_dir, "validation_mismatched")
     label_names = None
     for split, cols in splits.items():
         missing = [

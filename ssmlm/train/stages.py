@@ -28,11 +28,10 @@ from flax import nnx
 from ssmlm.data.loader import ArrayTable, Batches, eval_batches, load_split
 from ssmlm.data.preprocess import preprocess, read_metadata
 from ssmlm.errors import CheckpointError, UserError
-from ssmlm.evaluate.metrics import score as score_task
-from ssmlm.models import ENCODERS, build_classifier, build_mlm, with_vocab
+from ssmlm.models import ENCODERS, build_mlm, with_vocab
 from ssmlm.progress import console
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
-from ssmlm.train import loop
+from ssmlm.train import downstream, loop
 from ssmlm.train.checkpoint import load_params
 from ssmlm.train.mesh import barrier, maybe_initialize_distributed
 
@@ -59,7 +58,8 @@ class Run:
     def abstract_model(self):
         cfg = self.recipe.model
         if self.kind == "finetune":
-            return nnx.eval_shape(lambda: build_classifier(cfg, self.info["num_labels"]))
+            head = downstream.HEADS[self.info.get("head", "classify")]
+            return nnx.eval_shape(lambda: head.build(cfg, self.info["num_labels"]))
         return nnx.eval_shape(lambda: build_mlm(cfg))
 
     def load_model(self, step: int | None = None):
@@ -301,41 +301,15 @@ def pretrain(
 # ----------------------------------------------------------------------------- finetune
 
 
-def classification_loss(model, batch, rng):
-    logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], rng=rng)
-    if logits.shape[-1] == 1:  # regression: MSE against the raw score (as the official STS-B code)
-        return jnp.mean((logits[:, 0] - batch["labels"]) ** 2), {}
-    nll, count = loop.cross_entropy(logits, batch["labels"].astype(jnp.int32), jnp.ones(logits.shape[0]))
-    return nll / count, {}
-
-
-def classification_eval(model, batch):
-    return {"logits": model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])}
-
-
-def classification_scorer(metrics: tuple[str, ...]):
-    def score(outputs, batches):
-        logits = np.concatenate([o["logits"] for o in outputs])
-        gold = np.concatenate([b["labels"] for b in batches])
-        keep = np.concatenate([b["example_weight"] for b in batches]) > 0
-        return score_task(metrics, logits[keep], gold[keep])
-
-    return score
-
-
-def encoded_task(recipe: Recipe, tokenizer, max_len: int):
-    from ssmlm.data.tasks import encode, load_task
-
-    data = load_task(recipe.task)
-    return data, {split: encode(data, split, tokenizer, max_len) for split in data.splits}
-
-
 def task_eval_data(arrays: dict[str, np.ndarray], batch_size: int):
-    pad = {k: np.zeros_like(v[0]) for k, v in arrays.items()}  # weight 0 rows
+    pad = {k: np.zeros_like(v[0]) for k, v in arrays.items()}  # weight-0 rows fill the last batch
     return lambda: eval_batches(ArrayTable(arrays), batch_size, None, pad)
 
 
 def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    """Finetune a pretrained (or finetuned, e.g. MNLI) run on a task: classification, regression, span
+    extraction or multiple choice. The encoder is copied; the pooler and classifier too when the source
+    has them with the same shapes (the paper's MNLI initialisation for RTE, MRPC and STS-B)."""
     if not recipe.train.init_from:
         raise UserError("finetune needs a pretrained run: pass --ckpt RUN_DIR")
     maybe_initialize_distributed()
@@ -346,50 +320,46 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
             f"task.max_seq_length = {max_len} exceeds the checkpoint's max_seq_length "
             f"{source.recipe.model.max_seq_length}; run extend-length first"
         )
-    data, arrays = encoded_task(recipe, source.tokenizer(), max_len)
-    td = data.definition
+    prep = downstream.prepare(recipe.task, source.tokenizer(), max_len)
+    td = prep.definition
     recipe = dataclasses.replace(
         recipe,
         model=dataclasses.replace(source.recipe.model, dropout=recipe.model.dropout),
         data=source.recipe.data,
-        task=dataclasses.replace(
-            recipe.task,
-            max_seq_length=max_len,
-            num_labels=td.num_labels,
-            text_fields=list(td.text_fields),
-            label_field=td.label_field,
-        ),  # fmt: skip
-    )
-    info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "num_labels": td.num_labels,
-            "label_names": data.label_names, "metrics": list(td.metrics)}  # fmt: skip
+        task=dataclasses.replace(recipe.task, max_seq_length=max_len, num_labels=td.num_labels,
+                                 text_fields=list(td.text_fields), label_field=td.label_field),
+    )  # fmt: skip
+    info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "head": td.head,
+            "num_labels": td.num_labels, "label_names": prep.label_names, "metrics": list(td.metrics)}  # fmt: skip
     if jax.process_index() == 0:
         prepare_run_dir(run_dir, recipe, info)
         shutil.copyfile(source.dir / "tokenizer.json", run_dir / "tokenizer.json")
     barrier("run-dir")
 
-    model = build_classifier(recipe.model, td.num_labels, seed=recipe.train.seed)
+    head = downstream.HEADS[td.head]
+    model = head.build(recipe.model, td.num_labels, recipe.train.seed)
     src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
     report = transplant(model, src_params)
     console.print(f"initialised from {source.dir}: {report}")
 
+    arrays = prep.arrays
     batches = Batches(ArrayTable(arrays["train"]), recipe.train.batch_size, recipe.train.seed, _process_shard())
     epochs = recipe.train.epochs
     total = int(batches.steps_per_epoch * epochs) if epochs else recipe.train.steps
-    eval_every = recipe.train.eval_every
-    if eval_every == 0 and epochs:  # evaluate at every epoch end by default
-        recipe = dataclasses.replace(
-            recipe, train=dataclasses.replace(recipe.train, eval_every=batches.steps_per_epoch)
-        )
+    if recipe.train.eval_every == 0 and epochs:  # evaluate at every epoch end by default
+        train = dataclasses.replace(recipe.train, eval_every=batches.steps_per_epoch)
+        recipe = dataclasses.replace(recipe, train=train)
+    has_val = "validation" in arrays
     stage = loop.Stage(
         kind="finetune",
         model=model,
-        loss_fn=classification_loss,
+        loss_fn=head.loss,
         batches=batches,
         total_steps=total,
         tokens_per_step=recipe.train.batch_size * max_len,
-        eval_fn=classification_eval,
-        eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if "validation" in arrays else None,
-        score=classification_scorer(td.metrics),
+        eval_fn=head.eval,
+        eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if has_val else None,
+        score=prep.scorers.get("validation"),
         meta={
             "task": td.name,
             "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
@@ -413,23 +383,39 @@ def best_validation(metrics_path: Path, key: str) -> dict | None:
 # ----------------------------------------------------------------------------- evaluate
 
 
-def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32) -> dict[str, Any]:
-    """Metrics of a run's newest checkpoint: MLM on its held-out data, or its finetuning task."""
+def evaluate(
+    run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32, submission: Path | None = None
+) -> dict[str, Any]:
+    """Metrics of a run's newest checkpoint: MLM on its held-out data, or its finetuning task.
+
+    With ``submission``, the split's predictions are also written in the GLUE leaderboard format.
+    """
     model, meta = run.load_model()
     graphdef, params = nnx.split(model, nnx.Param)
+    result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
     if run.kind == "finetune":
         base = run.recipe.task
         task = recipe_task or base
         if task.name and task.name != base.name:
             raise UserError(f"{run.dir} was finetuned on '{run.info['task']}', not '{task.name}'")
         task = dataclasses.replace(task, max_seq_length=base.max_seq_length)
-        data, arrays = encoded_task(dataclasses.replace(run.recipe, task=task), run.tokenizer(), task.max_seq_length)
-        if split not in arrays:
-            raise UserError(f"task {data.definition.name} has no '{split}' split (has {list(arrays)})")
-        eval_data = task_eval_data(arrays[split], batch_size)
-        scorer = classification_scorer(data.definition.metrics)
-        stage = loop.Stage("evaluate", model, None, None, 0, 0, classification_eval, eval_data, scorer)
-        name = data.definition.name
+        prep = downstream.prepare(task, run.tokenizer(), task.max_seq_length)
+        if split not in prep.arrays:
+            raise UserError(f"task {prep.definition.name} has no '{split}' split (has {list(prep.arrays)})")
+        head = downstream.HEADS[run.info.get("head", "classify")]
+        eval_data = task_eval_data(prep.arrays[split], batch_size)
+        stage = loop.Stage("evaluate", model, None, None, 0, 0, head.eval, eval_data, prep.scorers[split])
+        result["task"] = prep.definition.name
+        if submission is not None:
+            stage.score = lambda outs, batches: {"_predictions": downstream.predictions(outs, batches)}
+            preds = loop.evaluate_stage(stage, params, graphdef)["_predictions"]
+            from ssmlm.data.glue import write_glue_submission
+
+            name = prep.definition.name
+            name = "mnli-mm" if name == "mnli" and split.endswith("mismatched") else name
+            path = write_glue_submission(name, preds.tolist(), submission, label_names=run.info.get("label_names"))
+            result["submission"] = str(path)
+            stage.score = prep.scorers[split]
     else:
         if recipe_task is not None and recipe_task.name:
             raise UserError(f"{run.dir} is a pretraining run; finetune it on '{recipe_task.name}' first")
@@ -444,9 +430,9 @@ def evaluate(run: Run, recipe_task=None, split: str = "validation", batch_size: 
         if ev is None:
             raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
         stage = loop.Stage("evaluate", model, None, None, 0, 0, mlm_eval, ev, mlm_score)
-        name = "mlm"
-    metrics = loop.evaluate_stage(stage, params, graphdef)
-    return {"run": str(run.dir), "task": name, "split": split, "step": meta["step"], "metrics": metrics}
+        result["task"] = "mlm"
+    result["metrics"] = loop.evaluate_stage(stage, params, graphdef)
+    return result
 
 
 def jax_devices_summary() -> str:

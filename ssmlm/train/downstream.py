@@ -1,0 +1,166 @@
+"""Downstream tasks by head: what finetune and evaluate need for classification (GLUE, ContractNLI,
+built-in and local tasks), span extraction (SQuAD 1.1/2.0) and multiple choice (QuALITY).
+
+`prepare` turns a task section and a tokenizer into model arrays per split plus a scorer per split;
+`HEADS` gives each head's model builder, loss and evaluation output. The training loop is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from ssmlm.data.tasks import TaskDef, encode, get_task, load_task
+from ssmlm.errors import DataError
+from ssmlm.evaluate.metrics import score as score_task
+from ssmlm.models import build_classifier, build_multiple_choice, build_span
+from ssmlm.recipe import TaskConfig
+from ssmlm.train import loop
+
+# ----------------------------------------------------------------------------- heads
+
+
+def classification_loss(model, batch, rng):
+    """Cross-entropy over classes (or choices); MSE against the raw score for regression (STS-B)."""
+    logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], rng=rng)
+    if logits.shape[-1] == 1:
+        return jnp.mean((logits[:, 0] - batch["labels"]) ** 2), {"weight": jnp.float32(logits.shape[0])}
+    n = logits.shape[0]
+    nll, count = loop.cross_entropy(logits, batch["labels"].astype(jnp.int32), jnp.ones(n))
+    return nll / count, {"weight": count}
+
+
+def classification_eval(model, batch):
+    return {"logits": model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])}
+
+
+def span_loss(model, batch, rng):
+    """Mean of the start and end cross-entropies (BERT's SQuAD loss)."""
+    start, end = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], rng=rng)
+    ones = jnp.ones(start.shape[0])
+    s, n = loop.cross_entropy(start, batch["start_positions"], ones)
+    e, _ = loop.cross_entropy(end, batch["end_positions"], ones)
+    return (s + e) / (2 * n), {"weight": n}
+
+
+def span_eval(model, batch):
+    start, end = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    return {"start": start, "end": end}
+
+
+@dataclass(frozen=True)
+class Head:
+    build: Callable  # (model config, num_labels, seed) -> model
+    loss: Callable
+    eval: Callable
+
+
+HEADS = {
+    "classify": Head(lambda cfg, k, seed=0: build_classifier(cfg, k, seed), classification_loss, classification_eval),
+    "span": Head(lambda cfg, k, seed=0: build_span(cfg, seed), span_loss, span_eval),
+    "choice": Head(lambda cfg, k, seed=0: build_multiple_choice(cfg, seed), classification_loss, classification_eval),
+}
+
+
+# ----------------------------------------------------------------------------- scorers
+
+
+def classification_scorer(metrics: tuple[str, ...]):
+    def score(outputs, batches):
+        logits = np.concatenate([o["logits"] for o in outputs])
+        gold = np.concatenate([b["labels"] for b in batches])
+        keep = (np.concatenate([b["example_weight"] for b in batches]) > 0) & (gold >= 0)  # test rows: -1
+        return score_task(metrics, logits[keep], gold[keep]) if keep.any() else {}
+
+    return score
+
+
+def predictions(outputs, batches) -> np.ndarray:
+    """Predicted class (or score) per real example, for submission files."""
+    logits = np.concatenate([o["logits"] for o in outputs])
+    keep = np.concatenate([b["example_weight"] for b in batches]) > 0
+    logits = logits[keep]
+    return logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
+
+
+def span_scorer(features: dict, examples: list[dict], version_2: bool):
+    from ssmlm.data.squad import decode_spans
+    from ssmlm.evaluate.squad_metrics import squad_scores
+
+    def score(outputs, _batches):
+        start = np.concatenate([o["start"] for o in outputs])
+        end = np.concatenate([o["end"] for o in outputs])
+        answers = decode_spans(start, end, features, examples, version_2=version_2)
+        return squad_scores(answers, examples, version_2)
+
+    return score
+
+
+# ----------------------------------------------------------------------------- preparing a task
+
+
+@dataclass
+class Prepared:
+    definition: TaskDef
+    arrays: dict[str, dict[str, np.ndarray]]  # split -> model inputs, labels, example_weight
+    scorers: dict[str, Callable]  # split -> score(outputs, batches)
+    label_names: list[str] | None = None
+
+    @property
+    def head(self) -> str:
+        return self.definition.head
+
+
+def _file(cfg: TaskConfig, split: str) -> str | None:
+    return {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}.get(split)
+
+
+def _squad_examples(cfg: TaskConfig, td: TaskDef, split: str) -> list[dict]:
+    from ssmlm.data.squad import read_squad_json, squad_from_hub
+
+    v2 = td.name == "squad_v2"
+    path = _file(cfg, split)
+    if path is None and cfg.data_dir:
+        names = {"train": "train", "validation": "dev"}
+        path = Path(cfg.data_dir) / f"{names[split]}-{'v2.0' if v2 else 'v1.1'}.json"
+    return read_squad_json(path) if path else squad_from_hub(v2, split)
+
+
+def _quality_examples(cfg: TaskConfig, split: str) -> list[dict]:
+    from ssmlm.data.scrolls import parse_quality, read_scrolls, scrolls_from_hub
+
+    src = _file(cfg, split) or cfg.data_dir
+    rows = read_scrolls(src, split) if src else scrolls_from_hub("quality", split)
+    return [parse_quality(r) for r in rows]
+
+
+def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128) -> Prepared:
+    base = get_task(cfg.name) if cfg.name else None
+    if base is not None and base.head == "span":
+        from ssmlm.data.squad import MODEL_KEYS, build_squad_features
+
+        arrays, scorers = {}, {}
+        for split in ("train", "validation"):
+            examples = _squad_examples(cfg, base, split)
+            feats = build_squad_features(examples, tokenizer, max_len, min(doc_stride, max_len // 2), 64)
+            arrays[split] = {k: feats[k] for k in MODEL_KEYS}
+            scorers[split] = span_scorer(feats, examples, base.name == "squad_v2")
+        return Prepared(base, arrays, scorers)
+    if base is not None and base.head == "choice":
+        from ssmlm.data.scrolls import encode_quality
+
+        arrays = {s: encode_quality(_quality_examples(cfg, s), tokenizer, max_len) for s in ("train", "validation")}
+        for a in arrays.values():  # a (B, C, L) batch: the model flattens choices itself
+            a.setdefault("token_type_ids", np.zeros_like(a["input_ids"]))
+        score = classification_scorer(base.metrics)
+        return Prepared(base, arrays, {s: score for s in arrays})
+    data = load_task(cfg)
+    if "train" not in data.splits:
+        raise DataError(f"task {data.definition.name}: no training split")
+    arrays = {split: encode(data, split, tokenizer, max_len) for split in data.splits}
+    score = classification_scorer(data.definition.metrics)
+    return Prepared(replace(data.definition, head="classify"), arrays, {s: score for s in arrays}, data.label_names)
