@@ -62,10 +62,14 @@ train: {{steps: 4, batch_size: 8, eval_every: 0, checkpoint_every: 0, out_dir: "
     tsv(g / "MNLI/train.tsv", mnli(pairs[:60]))
     tsv(g / "MNLI/dev_matched.tsv", mnli(pairs[60:80]))
     tsv(g / "MNLI/dev_mismatched.tsv", mnli(pairs[80:100]))
-    tsv(g / "RTE/train.tsv", [["index", "sentence1", "sentence2", "label"],
-                              *[[i, a, b, ["entailment", "not_entailment"][i % 2]] for i, (a, b) in enumerate(pairs[:40])]])  # fmt: skip
-    tsv(g / "RTE/dev.tsv", [["index", "sentence1", "sentence2", "label"],
-                            *[[i, a, b, ["entailment", "not_entailment"][i % 2]] for i, (a, b) in enumerate(pairs[40:60])]])  # fmt: skip
+    rte = lambda rows: (
+        [["index", "sentence1", "sentence2", "label"]]
+        + [  # noqa: E731
+            [i, a, b, ["entailment", "not_entailment"][i % 2]] for i, (a, b) in enumerate(rows)
+        ]
+    )
+    tsv(g / "RTE/train.tsv", rte(pairs[:40]))
+    tsv(g / "RTE/dev.tsv", rte(pairs[40:60]))
     sts_head = [
         "index",
         "genre",
@@ -87,8 +91,10 @@ train: {{steps: 4, batch_size: 8, eval_every: 0, checkpoint_every: 0, out_dir: "
 
 
 def finetune(base, name, *args):
-    invoke("finetune", "--ckpt", base / "runs/base", "--name", name, "-q", "--set", f"train.out_dir={base / 'runs'}",
-           "--set", "train.batch_size=8", "--set", "train.epochs=1", "--set", "train.learning_rate=1e-3", *args)  # fmt: skip
+    sets = [f"train.out_dir={base / 'runs'}", "train.batch_size=8", "train.epochs=1", "train.learning_rate=1e-3"]
+    invoke(
+        "finetune", "--ckpt", base / "runs/base", "--name", name, "-q", *[x for s in sets for x in ("--set", s)], *args
+    )
     return base / "runs" / name
 
 
@@ -144,8 +150,9 @@ def test_squad_span_extraction(base):
         paras = []
         for i, s in enumerate(rows):
             ans = s.split()[1]  # the verb, e.g. "saw"
-            paras.append({"context": s, "qas": [{"id": f"{start + i}", "question": f"What did {s.split()[0]} do?",
-                                                 "answers": [{"text": ans, "answer_start": s.index(ans)}]}]})  # fmt: skip
+            answers = [{"text": ans, "answer_start": s.index(ans)}]
+            qa = {"id": f"{start + i}", "question": f"What did {s.split()[0]} do?", "answers": answers}
+            paras.append({"context": s, "qas": [qa]})
         return {"version": "1.1", "data": [{"title": "t", "paragraphs": paras}]}
 
     (d / "train-v1.1.json").write_text(json.dumps(doc(lines[:48], 0)))

@@ -156,7 +156,8 @@ def _read_hub(td: TaskDef, split: str) -> dict[str, list]:
         why = "offline" if offline else str(e).splitlines()[0][:120]
         raise DataError(
             f"task {td.name}: could not load {td.hub[0]}/{td.hub[1]} from the hub ({why}); put the files "
-            f"locally and pass --train-file/--validation-file (csv/tsv/jsonl with columns "
+            f"locally and pass --data-dir DIR (the benchmark's own layout, e.g. GLUE's {td.name.upper()}/train.tsv) "
+            f"or --train-file/--validation-file (csv/tsv/jsonl with columns "
             f"{', '.join(td.text_fields)}, {td.label_field})"
         ) from None
     return ds.to_dict()

@@ -29,7 +29,7 @@ from ssmlm.data.loader import ArrayTable, Batches, eval_batches, load_split
 from ssmlm.data.preprocess import preprocess, read_metadata
 from ssmlm.errors import CheckpointError, UserError
 from ssmlm.models import ENCODERS, build_mlm, with_vocab
-from ssmlm.progress import console
+from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.train import downstream, loop
 from ssmlm.train.checkpoint import load_params
@@ -431,6 +431,16 @@ def evaluate(
             raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
         stage = loop.Stage("evaluate", model, None, None, 0, 0, mlm_eval, ev, mlm_score)
         result["task"] = "mlm"
+    data = stage.eval_data
+
+    def with_progress():
+        with progress_bar(False) as bar:
+            task = bar.add_task(f"evaluating {result['task']}", total=None)
+            for batch in data():
+                yield batch
+                bar.advance(task)
+
+    stage.eval_data = with_progress
     result["metrics"] = loop.evaluate_stage(stage, params, graphdef)
     return result
 
