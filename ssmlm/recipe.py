@@ -90,6 +90,7 @@ class TaskConfig:
     label_field: str | None = None
     num_labels: int | None = None  # 1 means regression
     max_seq_length: int | None = None  # None: the checkpoint's max_seq_length
+    padding: Literal["max_length", "longest"] = "max_length"  # official BiGS: every input padded to the length
 
 
 @dataclasses.dataclass(frozen=True)

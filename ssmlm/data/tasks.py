@@ -248,22 +248,28 @@ def load_task(cfg: TaskConfig) -> TaskData:
     return TaskData(td, splits, label_names)
 
 
-def encode(data: TaskData, split: str, tokenizer, max_len: int) -> dict[str, np.ndarray]:
-    """Tokenize one split into fixed-length arrays (right-padded with [PAD] = 0, truncated to max_len)."""
+def encode(data: TaskData, split: str, tokenizer, max_len: int, padding: str = "max_length") -> dict[str, np.ndarray]:
+    """Tokenize one split into right-padded arrays ([PAD] = 0), truncated to max_len.
+
+    padding="max_length" pads every example to max_len, as the official BiGS code must (its kernel length
+    is fixed); "longest" pads to the split's longest example (rounded up to a multiple of 8), which is
+    the same function for the SSM here (kernels are evaluated at the input length) and much cheaper
+    for short GLUE sentences.
+    """
     td, cols = data.definition, data.splits[split]
     tok = tokenizer
     tok.enable_truncation(max_length=max_len)
-    tok.enable_padding(length=max_len, pad_id=0, pad_token="[PAD]")
     texts = [[("" if v is None else str(v)) for v in cols[f]] for f in td.text_fields]
     inputs = list(zip(*texts, strict=True)) if len(texts) == 2 else texts[0]
     enc = tok.encode_batch(inputs)
     tok.no_truncation()
-    tok.no_padding()
-    out = {
-        "input_ids": np.array([e.ids for e in enc], dtype=np.int32),
-        "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int32),
-        "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int32),
-    }
+    longest = max((len(e.ids) for e in enc), default=1)
+    width = max_len if padding == "max_length" else min(max_len, -(-longest // 8) * 8)
+    out = {k: np.zeros((len(enc), width), np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    for i, e in enumerate(enc):
+        out["input_ids"][i, : len(e.ids)] = e.ids
+        out["token_type_ids"][i, : len(e.ids)] = e.type_ids
+        out["attention_mask"][i, : len(e.ids)] = 1
     n = len(enc)
     if td.label_field in cols:
         dtype = np.float32 if td.num_labels == 1 else np.int32

@@ -161,6 +161,6 @@ def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128) -> 
     data = load_task(cfg)
     if "train" not in data.splits:
         raise DataError(f"task {data.definition.name}: no training split")
-    arrays = {split: encode(data, split, tokenizer, max_len) for split in data.splits}
+    arrays = {split: encode(data, split, tokenizer, max_len, cfg.padding) for split in data.splits}
     score = classification_scorer(data.definition.metrics)
     return Prepared(replace(data.definition, head="classify"), arrays, {s: score for s in arrays}, data.label_names)

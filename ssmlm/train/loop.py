@@ -45,6 +45,7 @@ class Stage:
     eval_data: Callable[[], Iterable[dict]] | None = None
     score: Callable[[list[dict], list[dict]], dict] | None = None  # (outputs, batches) -> metrics
     meta: dict = field(default_factory=dict)  # written into every checkpoint manifest
+    eval_also_every: int = 0  # a second evaluation cadence (finetuning: every epoch end)
 
 
 class MetricsLog:
@@ -65,6 +66,10 @@ class MetricsLog:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def _due(step: int, every: int) -> bool:
+    return bool(every) and step % every == 0
 
 
 def _to_host(tree) -> dict:
@@ -249,7 +254,7 @@ def run(
                     if lead and not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
                         console.print(f"{stage.kind} step {step}/{total} loss {last['loss']:.4f} {tps:,.0f} tok/s")
                 evaluated = False
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+                if (_due(step, cfg.eval_every) or _due(step, stage.eval_also_every)) and step < total:
                     eval_metrics = evaluate_stage(stage, params, graphdef)
                     if eval_metrics:
                         evaluated = True

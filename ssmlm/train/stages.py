@@ -346,9 +346,6 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
     batches = Batches(ArrayTable(arrays["train"]), recipe.train.batch_size, recipe.train.seed, _process_shard())
     epochs = recipe.train.epochs
     total = int(batches.steps_per_epoch * epochs) if epochs else recipe.train.steps
-    if recipe.train.eval_every == 0 and epochs:  # evaluate at every epoch end by default
-        train = dataclasses.replace(recipe.train, eval_every=batches.steps_per_epoch)
-        recipe = dataclasses.replace(recipe, train=train)
     has_val = "validation" in arrays
     stage = loop.Stage(
         kind="finetune",
@@ -365,6 +362,7 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
             "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
             "steps_per_epoch": batches.steps_per_epoch,
         },  # fmt: skip
+        eval_also_every=batches.steps_per_epoch if epochs else 0,  # every N steps and at every epoch end
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     if jax.process_index() == 0:

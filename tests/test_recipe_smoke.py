@@ -1,0 +1,43 @@
+"""Every shipped pretraining recipe trains for two steps at a small size on generated data (its
+architecture, options and optimizer settings as written; only sizes, steps and data are overridden)."""
+
+import json
+import os
+
+import pytest
+
+from ssmlm.recipe import builtin_recipes, load_recipe
+
+FINETUNE = {"finetune_default", "glue_bigs", "squad_bigs", "scrolls_bigs"}
+PRETRAIN = sorted(set(builtin_recipes()) - FINETUNE)
+
+SMALL = [
+    "model.hidden_size=16", "model.num_layers=1", "model.intermediate_size=32", "model.max_seq_length=32",
+    "model.num_ssm=8", "model.num_heads=2", "model.tiny_attention_size=8", "data.vocab_size=150",
+    "data.duplicate_factor=1", "data.max_predictions=5", "train.steps=2", "train.batch_size=4",
+    "train.eval_every=0", "train.checkpoint_every=0", "train.grad_accum=1",
+]  # fmt: skip
+
+
+def test_every_recipe_is_listed():
+    assert {"default", "bigs_full", "bert_large", "stack_ssm", "gated_att", "gmlp_base", "amlp_base"} <= set(PRETRAIN)
+    for name in FINETUNE:
+        assert load_recipe(name).train.epochs
+
+
+@pytest.mark.parametrize("name", PRETRAIN)
+def test_recipe_trains_small(name, tmp_path, corpus_file):
+    from typer.testing import CliRunner
+
+    from ssmlm.cli import app
+
+    os.chdir(tmp_path)
+    sets = [*SMALL, f"data.source={corpus_file}", f"train.out_dir={tmp_path / 'runs'}"]
+    args = ["pretrain", name, "--name", "smoke", "-q"] + [x for s in sets for x in ("--set", s)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "runs/smoke/summary.json").read_text())
+    assert summary["final_step"] == 2
+    recipe = load_recipe(name)
+    written = load_recipe(str(tmp_path / "runs/smoke/recipe.yaml"))
+    assert written.model.arch == recipe.model.arch and written.train.learning_rate == recipe.train.learning_rate
