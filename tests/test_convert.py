@@ -275,10 +275,10 @@ def test_classification_checkpoint_imports_as_finetune_run(tmp_path):
     # an explicit task must fit the classifier
     assert "3" in _one_line_error(import_bigs, src, tmp_path / "as_sst2", "sst2")
     # an unknown finetuning_task in config.json is only recorded
-    cfg["finetuning_task"] = "contract_nli"
+    cfg["finetuning_task"] = "hyperpartisan_news_detection"
     src2 = write_official(tmp_path / "other", tree, cfg)
     run2 = open_run(import_bigs(src2, tmp_path / "other_run"))
-    assert run2.info["task"] == "contract_nli" and run2.recipe.task.name is None
+    assert run2.info["task"] == "hyperpartisan_news_detection" and run2.recipe.task.name is None
 
 
 def test_config_mapping():
