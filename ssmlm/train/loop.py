@@ -267,11 +267,14 @@ def run(
             ckpt.close()
             raise
         except KeyboardInterrupt:
-            save(step, last)
+            try:
+                save(step, last)
+                where = f"checkpoint saved at step {step}"
+            except Exception:  # Ctrl-C landed while the step's donated buffers were in flight
+                where = f"the newest complete checkpoint is step {ckpt.latest_step() or 0}"
             ckpt.close()
             raise Interrupted(
-                f"interrupted at step {step}/{total}; checkpoint saved in {run_dir}; "
-                "run the same command again to resume"
+                f"interrupted at step {step}/{total}; {where} in {run_dir}; run the same command again to resume"
             ) from None
         finally:
             prefetch.close()
