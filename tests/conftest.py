@@ -49,3 +49,20 @@ def corpus_file(tmp_path):
     for i in range(40):
         (d / f"doc{i:02d}.txt").write_text("\n".join(english_lines(30, seed=i)) + "\n")
     return d
+
+
+def tiny_recipe(path, corpus, model=None, data=None, train=None):
+    """Write a recipe over the shipped `default` with a tiny model, the given corpus and runs under
+    path's folder; ``model``/``data``/``train`` override the small defaults."""
+    import yaml
+
+    recipe = {
+        "base": "default",
+        "model": {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32, "max_seq_length": 32, "num_ssm": 8,
+                  **(model or {})},
+        "data": {"source": str(corpus), "vocab_size": 150, "duplicate_factor": 1, **(data or {})},
+        "train": {"steps": 6, "batch_size": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
+                  "out_dir": str(path.parent / "runs"), **(train or {})},
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(recipe))
+    return path

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from conftest import tiny_recipe
 from flax import nnx
 from typer.testing import CliRunner
 
@@ -27,14 +28,8 @@ def free_port() -> int:
 
 
 def test_two_processes_equal_one(tmp_path, corpus_file):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        f"""
-base: default
-model: {{hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 32, num_ssm: 8, dropout: 0.0}}
-data: {{source: "{corpus_file}", vocab_size: 150, duplicate_factor: 1}}
-train: {{steps: 4, batch_size: 8, log_every: 1, eval_every: 0, checkpoint_every: 2, out_dir: "{tmp_path / "runs"}"}}
-"""
+    recipe = tiny_recipe(
+        tmp_path / "r.yaml", corpus_file, model={"dropout": 0.0}, train={"steps": 4, "checkpoint_every": 2}
     )
     os.chdir(tmp_path)
     r = CliRunner().invoke(app, ["pretrain", str(recipe), "--name", "single", "-q"])

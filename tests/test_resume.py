@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_recipe
 from typer.testing import CliRunner
 
 from ssmlm.cli import app
@@ -29,16 +30,7 @@ def invoke(*args):
 
 @pytest.fixture
 def recipe(tmp_path, corpus_file):
-    path = tmp_path / "r.yaml"
-    path.write_text(
-        f"""
-base: default
-model: {{hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 32, num_ssm: 8}}
-data: {{source: "{corpus_file}", vocab_size: 150, duplicate_factor: 1}}
-train: {{steps: 8, batch_size: 4, log_every: 1, eval_every: 0, checkpoint_every: 0, out_dir: "{tmp_path / "runs"}"}}
-"""
-    )
-    return path
+    return tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 8, "batch_size": 4})
 
 
 def losses(run_dir: Path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_recipe
 from flax import nnx
 from typer.testing import CliRunner
 
@@ -22,16 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def recipe(tmp_path, corpus_file):
-    path = tmp_path / "r.yaml"
-    path.write_text(
-        f"""
-base: default
-model: {{arch: bert, hidden_size: 16, num_layers: 2, intermediate_size: 32, max_seq_length: 32, num_heads: 2}}
-data: {{source: "{corpus_file}", vocab_size: 150, duplicate_factor: 1}}
-train: {{steps: 6, batch_size: 8, log_every: 1, eval_every: 0, checkpoint_every: 0, out_dir: "{tmp_path / "runs"}"}}
-"""
-    )
-    return path
+    model = {"arch": "bert", "num_layers": 2, "num_heads": 2}
+    return tiny_recipe(tmp_path / "r.yaml", corpus_file, model=model)
 
 
 def on_8_devices(tmp_path, *args):

@@ -7,6 +7,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_recipe
 from flax import nnx
 from typer.testing import CliRunner
 
@@ -21,18 +22,14 @@ runner = CliRunner()
 
 @pytest.fixture
 def recipe(tmp_path, corpus_file):
-    path = tmp_path / "r.yaml"
-    path.write_text(
-        f"""
-base: default
-model: {{hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 32, num_ssm: 8, dropout: 0.0}}
-data: {{source: "{corpus_file}", vocab_size: 150, duplicate_factor: 1, validation_fraction: 0.2}}
-train: {{steps: 6, batch_size: 8, log_every: 1, eval_every: 2, eval_batches: 2, checkpoint_every: 0,
-         out_dir: "{tmp_path / "runs"}"}}
-"""
-    )
     os.chdir(tmp_path)
-    return path
+    return tiny_recipe(
+        tmp_path / "r.yaml",
+        corpus_file,
+        model={"dropout": 0.0},
+        data={"validation_fraction": 0.2},
+        train={"eval_every": 2, "eval_batches": 2},
+    )
 
 
 def train(recipe, name, *sets):
