@@ -237,16 +237,16 @@ def load_raw(
     path = resolve_path(str(ref), relative_to)
     if path in _seen:
         raise RecipeError(f"{path}: 'base:' chain loops back to itself")
-    data = _read_yaml(path)
-    base = data.pop("base", None)
-    own_name = data.get("name")
+    own = _read_yaml(path)
+    base = own.pop("base", None)
     origins = origins if origins is not None else {}
+    data = own
     if base is not None:
         if not isinstance(base, str):
             raise RecipeError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
-        data = _merge(load_raw(base, _seen + (path,), path.parent, origins), data)
-    _record_origins({k: v for k, v in _read_yaml(path).items() if k != "base"}, str(path), origins)
-    data["name"] = own_name or path.stem  # a variant is named after its own file, not its base
+        data = _merge(load_raw(base, _seen + (path,), path.parent, origins), own)
+    _record_origins(own, str(path), origins)  # after the base's, so this file's keys win
+    data["name"] = own.get("name") or path.stem  # a variant is named after its own file, not its base
     return data
 
 
@@ -293,10 +293,12 @@ class Origins(str):
         return obj
 
     def of(self, dotted: str) -> str:
-        while dotted:
-            if dotted in self.by_key:
-                return self.by_key[dotted]
-            dotted = dotted.rpartition(".")[0].split("[")[0] if "." in dotted else ""
+        """The file that set ``dotted`` or, failing that, its nearest enclosing section."""
+        key = dotted.split("[")[0]
+        while key:
+            if key in self.by_key:
+                return self.by_key[key]
+            key = key.rpartition(".")[0]
         return str(self)
 
 

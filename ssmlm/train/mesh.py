@@ -106,12 +106,6 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
         raise UserError(f"train.batch_size = {batch_size} must be divisible by the {jax.process_count()} processes")
 
 
-def local_rows(batch_size: int) -> slice:
-    """The rows of a global batch that this process reads and feeds."""
-    per = batch_size // jax.process_count()
-    return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
-
-
 def put_batch(local: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     """Assemble the global batch from every process's local rows."""
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}

@@ -441,8 +441,3 @@ def evaluate(
     stage.eval_data = with_progress
     result["metrics"] = loop.evaluate_stage(stage, params, graphdef)
     return result
-
-
-def jax_devices_summary() -> str:
-    d = jax.devices()
-    return f"{len(d)} x {d[0].platform}"
