@@ -9,6 +9,8 @@ fold_in(seed, s), so a resumed run takes exactly the steps an uninterrupted one 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -214,7 +216,7 @@ def run(
     skipped_total = int(meta.get("skipped_steps", 0)) if latest is not None else 0
     t_start = time.time()
     prefetch = Prefetcher(stage.batches, start, stop)
-    with progress_bar(quiet or not lead, "loss", "lr", "tok/s", "mfu") as bar:
+    with progress_bar(quiet or not lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
         task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", mfu="-", **{"tok/s": "-"})
         t_window, steps_window, window_sum = time.time(), 0, None
         try:
@@ -263,21 +265,25 @@ def run(
                 if step < total and (periodic or (evaluated and cfg.keep_best)):
                     save(step, last, eval_metrics if evaluated else None)
                 bar.update(task, completed=step)
+                if ctrl_c.requested:  # stop between steps, never inside a save or an update
+                    break
         except UserError:
             ckpt.close()
             raise
-        except KeyboardInterrupt:
-            try:
-                save(step, last)
-                where = f"checkpoint saved at step {step}"
-            except Exception:  # Ctrl-C landed while the step's donated buffers were in flight
-                where = f"the newest complete checkpoint is step {ckpt.latest_step() or 0}"
-            ckpt.close()
+        except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
             raise Interrupted(
-                f"interrupted at step {step}/{total}; {where} in {run_dir}; run the same command again to resume"
+                f"interrupted at step {step}/{total}; the newest complete checkpoint in {run_dir} is step "
+                f"{ckpt.latest_step() or 0}; run the same command again to resume"
             ) from None
         finally:
             prefetch.close()
+
+    if ctrl_c.requested and step < total:
+        save(step, last)
+        ckpt.close()
+        raise Interrupted(
+            f"interrupted at step {step}/{total}; checkpoint saved in {run_dir}; run the same command again to resume"
+        )
 
     if step < total:
         save(step, last)
@@ -299,6 +305,28 @@ def run(
         summary["best_checkpoint"] = ckpt.best_step()
     stage.model = nnx.merge(graphdef, params)
     return summary
+
+
+class CtrlC:
+    """The first Ctrl-C only asks the loop to stop after the current step (it then saves a checkpoint);
+    a KeyboardInterrupt raised at an arbitrary point could land inside an asynchronous checkpoint save
+    or between a step and the assignment of its donated buffers. A second Ctrl-C interrupts at once."""
+
+    def __enter__(self):
+        self.requested = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 class Prefetcher:
