@@ -207,3 +207,55 @@ def test_model_is_a_multiple_choice_head(base):
     model, _ = open_run(run).load_model()
     assert model.classifier.kernel.shape == (16, 1)
     assert isinstance(nnx.state(model, nnx.Param), nnx.State)
+
+
+# ----------------------------------------------------------------------------- choosing the best validation
+
+
+def test_best_validation_by_the_task_selection_metric(tmp_path):
+    from ssmlm.data.tasks import get_task
+    from ssmlm.train.stages import best_validation
+
+    rows = [
+        {"step": 10, "split": "train", "loss": 1.0, "spearman": 0.99},  # not a validation row
+        {"step": 10, "split": "validation", "pearson": 0.50, "spearman": 0.40},
+        {"step": 20, "split": "validation", "pearson": 0.80, "spearman": 0.55},  # best by Pearson
+        {"step": 30, "split": "validation", "pearson": 0.70, "spearman": 0.65},  # best by Spearman
+        {"step": 40, "split": "validation", "pearson": 0.60, "spearman": float("nan")},  # skipped, not compared
+        {"step": 50, "split": "validation", "pearson": 0.60, "spearman": 0.65},  # a tie: the earlier row stays
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stsb = get_task("stsb")
+    assert stsb.metrics[0] == "pearson" and stsb.selection == "spearman"
+    assert best_validation(path, stsb.selection)["step"] == 30
+    assert best_validation(path, "pearson")["step"] == 20
+    assert best_validation(path, "matthews") is None
+    others = {t: get_task(t).selection for t in ("sst2", "mnli", "cola", "mrpc", "qqp", "squad", "quality")}
+    assert others == {"sst2": "accuracy", "mnli": "accuracy", "cola": "matthews", "mrpc": "f1", "qqp": "f1",
+                      "squad": "f1", "quality": "accuracy"}  # fmt: skip
+
+
+def test_local_regression_task_selects_spearman(tmp_path):
+    from ssmlm.data.tasks import TaskDef, load_task
+    from ssmlm.recipe import TaskConfig
+
+    f = tmp_path / "scores.csv"
+    f.write_text("text,score\na b,0.5\nc d,1.5\n")
+    td = load_task(TaskConfig(train_file=str(f), text_fields=["text"], label_field="score", num_labels=1)).definition
+    assert td.metrics == ("pearson", "spearman") and td.selection == "spearman"
+    td = load_task(TaskConfig(train_file=str(f), text_fields=["text"], label_field="score", num_labels=2)).definition
+    assert td.selection == "accuracy"
+    assert TaskDef("t", ("x",), num_labels=1, metrics=("pearson", "spearman"), select="pearson").selection == "pearson"
+    with pytest.raises(ValueError, match="not one of its metrics"):
+        TaskDef("t", ("x",), metrics=("accuracy",), select="f1")
+
+
+def test_stsb_summary_best_is_by_spearman(base):
+    run = base / "runs/stsb-seed1"
+    if not run.exists():
+        pytest.skip("needs test_stsb_regression_and_seeds")
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    val = [r for r in rows if r.get("split") == "validation"]
+    best = json.loads((run / "summary.json").read_text())["best_validation"]
+    assert best["spearman"] == max(r["spearman"] for r in val)

@@ -2,6 +2,7 @@
 formulas, numpy correlation, and scipy.stats (sklearn is deliberately not used)."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -150,3 +151,87 @@ def test_score_from_logits():
     assert out["pearson"] == pytest.approx(np.corrcoef(reg[:, 0], g)[0, 1])
     assert out["spearman"] == pytest.approx(1.0)
     assert set(metrics.METRICS) >= {"accuracy", "f1", "matthews", "pearson", "spearman"}
+
+
+# ----------------------------------------------------------------------------- degenerate inputs: 0.0, never NaN
+
+
+def finite_and_quiet(fn, *args):
+    """fn(*args) with every warning an error (scipy warns before it returns NaN), checked finite."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fn(*args)
+    assert isinstance(out, float) and math.isfinite(out), (fn.__name__, args, out)
+    return out
+
+
+@pytest.mark.parametrize("corr", [metrics.pearson, metrics.spearman])
+def test_correlations_are_zero_where_undefined(corr):
+    gold = np.array([1.0, 2.0, 3.0])
+    assert finite_and_quiet(corr, gold, np.full(3, 2.5)) == 0.0  # constant gold
+    assert finite_and_quiet(corr, np.full(3, 0.5), gold) == 0.0  # constant predictions
+    # 0.1 three times has a rounding-error std of ~1e-17 > 0: still constant, not scipy's NaN
+    assert np.std(np.full(3, 0.1)) > 0
+    assert finite_and_quiet(corr, np.full(3, 0.1), gold) == 0.0
+    assert finite_and_quiet(corr, np.full(4, 7.0), np.full(4, 7.0)) == 0.0  # both constant
+    assert finite_and_quiet(corr, np.array([0.3]), np.array([2.0])) == 0.0  # one example
+    assert finite_and_quiet(corr, np.array([]), np.array([])) == 0.0  # none
+    assert finite_and_quiet(corr, np.array([0.1, np.nan, 0.4]), gold) == 0.0  # a diverged regression head
+    assert finite_and_quiet(corr, np.array([0.1, np.inf, 0.4]), gold) == 0.0
+    with pytest.raises(ValueError, match="predictions for"):  # a length mismatch is a bug, not a degenerate case
+        corr(np.zeros(2), np.zeros(3))
+
+
+@pytest.mark.parametrize("corr", [metrics.pearson, metrics.spearman])
+def test_small_but_defined_correlations_match_scipy(corr):
+    ref = {metrics.pearson: stats.pearsonr, metrics.spearman: stats.spearmanr}[corr]
+    cases = [
+        ([0.2, 0.9], [1.0, 4.0]),  # two examples: ±1
+        ([0.9, 0.2], [1.0, 4.0]),
+        ([0.1, 0.5, 0.3], [1.0, 1.0, 2.0]),  # ties in gold
+        ([1.0, 1.0, 1.0 + 1e-9], [0.0, 1.0, 2.0]),  # nearly constant but not constant
+    ]
+    for pred, gold in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy's near-constant warning
+            want = float(ref(pred, gold)[0])
+        assert finite_and_quiet(corr, np.array(pred), np.array(gold)) == pytest.approx(want, abs=1e-9)
+
+
+def test_sweep_of_tiny_inputs_never_nan():
+    """Every metric on many tiny, tie-heavy inputs (0 to 5 examples, 1 to 3 values): finite, no warning,
+    and equal to scipy's correlation wherever scipy's is defined."""
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        n = int(rng.integers(0, 6))
+        k = int(rng.integers(1, 4))
+        pred, gold = rng.integers(0, k, n), rng.integers(0, k, n)
+        for name, fn in metrics.METRICS.items():
+            got = finite_and_quiet(fn, pred, gold)
+            if name in ("pearson", "spearman"):
+                ref = stats.pearsonr if name == "pearson" else stats.spearmanr
+                defined = n >= 2 and len(set(pred)) > 1 and len(set(gold)) > 1
+                want = float(ref(pred.astype(float), gold.astype(float))[0]) if defined else 0.0
+                assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_classification_metrics_on_degenerate_sets():
+    empty = np.array([], dtype=int)
+    assert finite_and_quiet(metrics.accuracy, empty, empty) == 0.0  # no examples: nothing shown right
+    assert finite_and_quiet(metrics.f1, empty, empty) == 0.0
+    assert finite_and_quiet(metrics.matthews, empty, empty) == 0.0
+    ones, mixed = np.ones(6, int), np.array([1, 0, 1, 1, 0, 1])
+    assert finite_and_quiet(metrics.matthews, mixed, ones) == 0.0  # gold of a single class
+    assert finite_and_quiet(metrics.matthews, ones, mixed) == 0.0  # predictions of a single class
+    assert finite_and_quiet(metrics.f1, np.zeros(6, int), np.zeros(6, int)) == 0.0  # no positives anywhere
+    assert finite_and_quiet(metrics.f1, mixed, np.zeros(6, int)) == 0.0  # no gold positives
+    assert finite_and_quiet(metrics.accuracy, np.array([2]), np.array([2])) == 1.0
+
+
+def test_score_with_no_rows_or_constant_outputs():
+    names = tuple(metrics.METRICS)
+    for width in (1, 3):
+        out = metrics.score(names, np.zeros((0, width)), np.zeros(0))
+        assert out == dict.fromkeys(names, 0.0)
+    out = metrics.score(("pearson", "spearman"), np.full((5, 1), 0.7), np.arange(5.0))  # collapsed regressor
+    assert out == {"pearson": 0.0, "spearman": 0.0}

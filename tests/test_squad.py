@@ -6,8 +6,16 @@ import re
 import numpy as np
 import pytest
 from conftest import english_lines
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from ssmlm.data.squad import build_squad_features, decode_spans, read_squad_json, squad_from_hub
+from ssmlm.data.squad import (
+    MODEL_KEYS,
+    _max_context,
+    build_squad_features,
+    decode_spans,
+    read_squad_json,
+    squad_from_hub,
+)
 from ssmlm.data.tokenizer import train_wordpiece
 from ssmlm.errors import DataError
 from ssmlm.evaluate.squad_metrics import exact_match, f1, normalize_answer, squad_scores
@@ -251,3 +259,84 @@ def test_null_threshold(squad_setup):
     assert decode(version_2=True, null_threshold=0.5) == ""
     assert decode(version_2=True, null_threshold=1.5) == gold
     assert decode(version_2=False) == gold  # v1.1 always answers
+
+
+# ----------------------------------------------------------------------------- max context (overlapping windows)
+
+
+def word_tokenizer(words):
+    """One token per whitespace word, BERT's [CLS] A [SEP] B [SEP] layout: positions are worked by hand."""
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return tok
+
+
+@pytest.fixture
+def sixteen_words():
+    """Context w0 … w15 after a one-token question; max_len 12 leaves 8 context tokens per window, and
+    doc_stride 4 gives windows w0–w7, w4–w11 and w8–w15. Context token j sits at 3 + j - window start."""
+    words = [f"w{i}" for i in range(16)]
+    context = " ".join(words)
+    tok = word_tokenizer(["q", *words])
+    example = {"id": "a", "question": "q", "context": context,
+               "answers": {"text": ["w7"], "answer_start": [context.index("w7")]}}  # fmt: skip
+    return example, build_squad_features([example], tok, max_len=12, doc_stride=4, max_query_len=4)
+
+
+def test_max_context_by_hand(sixteen_words):
+    _, f = sixteen_words
+    assert len(f["input_ids"]) == 3 and "token_is_max_context" not in MODEL_KEYS  # host-side, not a model input
+    # score = min(left, right) + 0.01 · 8. w4: 3 in window 0 (4 left, 3 right) vs 0 in window 1 → window 0;
+    # w5: 2 vs 1 → 0; w6: 1 vs 2 → 1; w7: 0 vs 3 → 1; w8: 3 vs 0 → 1; w9: 2 vs 1 → 1; w10: 1 vs 2 → 2.
+    owned = {0: range(0, 6), 1: range(6, 10), 2: range(10, 16)}
+    starts = [0, 4, 8]
+    for w, tokens in owned.items():
+        want = np.zeros(12, bool)
+        want[[3 + j - starts[w] for j in tokens]] = True
+        np.testing.assert_array_equal(f["token_is_max_context"][w], want)
+    # w7 is the gold answer: at the right edge of window 0 (start label 10) and max-context in window 1 (7)
+    assert list(f["start_positions"]) == [10, 6, 0]
+
+
+def test_every_context_token_is_max_context_in_exactly_one_window(squad_setup, sixteen_words):
+    for f in (squad_setup[2], sixteen_words[1]):
+        m = f["token_is_max_context"]
+        assert m.dtype == bool and m.shape == f["input_ids"].shape
+        assert not m[f["offsets"][..., 0] < 0].any()  # [CLS], question, [SEP], padding: never
+        for i in np.unique(f["example_index"]):
+            rows = np.flatnonzero(f["example_index"] == i)
+            count = {}
+            for r in rows:
+                for pos in np.flatnonzero(f["offsets"][r, :, 0] >= 0):
+                    key = tuple(f["offsets"][r, pos])
+                    count[key] = count.get(key, 0) + int(m[r, pos])
+            assert set(count.values()) == {1}
+
+
+def test_max_context_ties():
+    # token 7 in (0, 10) and (5, 6): min(7, 2) = min(2, 3) = 2; 0.01 · length favours the longer window 0
+    # token 8: min(8, 1) = 1 vs min(3, 2) = 2 → window 1
+    assert list(_max_context([(0, 10), (5, 6)], 11)) == [0] * 8 + [1] * 3
+    # an exact tie (token 3 in two windows of 5: 1 vs 1, equal lengths) goes to the earlier window
+    assert list(_max_context([(0, 5), (2, 5)], 7)) == [0, 0, 0, 0, 1, 1, 1]
+    assert list(_max_context([(0, 0)], 0)) == []  # an empty context
+
+
+def test_decode_starts_spans_only_in_the_max_context_window(sixteen_words):
+    example, f = sixteen_words
+    start, end = np.full((3, 12), -10.0), np.full((3, 12), -10.0)
+    # window 0 is confident in "w6 w7" (8 + 8), but w6 and w7 sit at its right edge ...
+    start[0, 3 + 6], end[0, 3 + 7] = 8.0, 8.0
+    # ... window 1, where w7 has 3 tokens either side, answers "w7" (5 + 5)
+    start[1, 3 + 7 - 4], end[1, 3 + 7 - 4] = 5.0, 5.0
+    assert decode_spans(start, end, f, [example])["a"] == "w7"
+    without = {k: v for k, v in f.items() if k != "token_is_max_context"}
+    assert decode_spans(start, end, without, [example])["a"] == "w6 w7"  # without the rule window 0 wins
+    # an end may still lie in a token's non-max-context window: only starts are restricted
+    start2, end2 = np.full((3, 12), -10.0), np.full((3, 12), -10.0)
+    start2[0, 3 + 5], end2[0, 3 + 7] = 6.0, 6.0  # w5 is max-context in window 0, w7 is not
+    assert decode_spans(start2, end2, f, [example])["a"] == "w5 w6 w7"

@@ -102,6 +102,22 @@ def _windows(n: int, room: int, stride: int) -> list[tuple[int, int]]:
         start += min(length, stride)
 
 
+def _max_context(windows: list[tuple[int, int]], n: int) -> np.ndarray:
+    """Index of each context token's max-context window (BERT's rule for overlapping windows).
+
+    A token's score in a window holding it is min(tokens left of it, tokens right of it in the window)
+    + 0.01 × window length: the window where it sits most centrally, the length term favouring longer
+    windows (e.g. over the shorter last one). Exact ties go to the earlier window. A span may only start
+    at a token in its max-context window, so each answer is judged where the model saw the most text
+    around it.
+    """
+    score = np.full((len(windows), n), -np.inf)
+    for w, (start, length) in enumerate(windows):
+        j = np.arange(start, start + length)
+        score[w, j] = np.minimum(j - start, start + length - 1 - j) + 0.01 * length
+    return score.argmax(0)  # the first maximum: the earlier window on an exact tie
+
+
 def _answer_tokens(offsets: list[tuple[int, int]], example: dict) -> tuple[int, int] | None:
     """Context-token span covering the first gold answer's characters; None when there is no answer."""
     texts, starts = example["answers"]["text"], example["answers"]["answer_start"]
@@ -122,7 +138,10 @@ def build_squad_features(
 
     Arrays: input_ids / token_type_ids / attention_mask (F, L); start_positions / end_positions (F,)
     (0 = [CLS] when the answer is not inside the window or there is none); offsets (F, L, 2) character
-    spans in the context, -1 outside it; example_index (F,) into ``examples``; example_weight (F,).
+    spans in the context, -1 outside it; token_is_max_context (F, L) bool, True where the feature is
+    that context token's max-context window (see `_max_context`; every context token is True in exactly
+    one feature, decoding only starts spans there); example_index (F,) into ``examples``; example_weight
+    (F,). Only the `MODEL_KEYS` arrays are model inputs; the rest stay on the host for decoding.
     """
     if not examples:
         raise DataError("SQuAD: no examples to build features from")
@@ -142,7 +161,9 @@ def build_squad_features(
             )
         answer = _answer_tokens(c_off, ex)
         base = len(q_ids) + 2  # position of the first context token in a feature
-        for start, length in _windows(len(c_ids), room, doc_stride):
+        windows = _windows(len(c_ids), room, doc_stride)
+        owner = _max_context(windows, len(c_ids))
+        for w, (start, length) in enumerate(windows):
             ids = [cls, *q_ids, sep, *c_ids[start : start + length], sep]
             pad = max_len - len(ids)
             cols["input_ids"].append(ids + [0] * pad)
@@ -152,11 +173,14 @@ def build_squad_features(
             if length:
                 off[base : base + length] = c_off[start : start + length]
             cols["offsets"].append(off)
+            is_max = np.zeros(max_len, dtype=bool)
+            is_max[base : base + length] = owner[start : start + length] == w
+            cols["token_is_max_context"].append(is_max)
             inside = answer is not None and start <= answer[0] and answer[1] < start + length
             cols["start_positions"].append(base + answer[0] - start if inside else 0)
             cols["end_positions"].append(base + answer[1] - start if inside else 0)
             cols["example_index"].append(i)
-    out = {k: np.asarray(v, dtype=np.int32) for k, v in cols.items()}
+    out = {k: np.asarray(v, dtype=bool if k == "token_is_max_context" else np.int32) for k, v in cols.items()}
     out["example_weight"] = np.ones(len(out["input_ids"]), dtype=np.float32)
     return out
 
@@ -174,8 +198,11 @@ def decode_spans(
     """Answer text per example id: the best-scoring context span (start + end logit) over its windows.
 
     Only the ``n_best`` highest start and end positions of each window are paired (end >= start, at
-    most ``max_answer_len`` tokens). SQuAD 2.0: predict "" when the lowest null score over the windows
-    (start[0] + end[0], the [CLS] position) exceeds the best span score by more than ``null_threshold``.
+    most ``max_answer_len`` tokens). A span starts only at a token whose max-context window this is
+    (``token_is_max_context``; any context token when the features lack it), so a token at the edge of
+    one window is judged in the overlapping window that sees more text around it. SQuAD 2.0: predict ""
+    when the lowest null score over the windows (start[0] + end[0], the [CLS] position) exceeds the best
+    span score by more than ``null_threshold``.
     Logit rows beyond the number of features (batch padding) are ignored.
     """
     n_feat = len(features["example_index"])
@@ -185,16 +212,19 @@ def decode_spans(
     by_example = defaultdict(list)
     for f, i in enumerate(features["example_index"]):
         by_example[int(i)].append(f)
+    max_context = features.get("token_is_max_context")
     preds = {}
     for i, ex in enumerate(examples):
         best_score, best_text, null = -np.inf, "", np.inf
         for f in by_example.get(i, []):
             s, e, off = start_logits[f], end_logits[f], features["offsets"][f]
             null = min(null, float(s[0] + e[0]))
-            valid = np.flatnonzero(off[:, 0] >= 0)
-            if valid.size == 0:
+            in_context = off[:, 0] >= 0
+            valid = np.flatnonzero(in_context)
+            starts = np.flatnonzero(in_context & max_context[f]) if max_context is not None else valid
+            if starts.size == 0:
                 continue
-            top_s = valid[np.argsort(-s[valid], kind="stable")[:n_best]]
+            top_s = starts[np.argsort(-s[starts], kind="stable")[:n_best]]
             top_e = valid[np.argsort(-e[valid], kind="stable")[:n_best]]
             scores = s[top_s][:, None] + e[top_e][None, :]
             width = top_e[None, :] - top_s[:, None]

@@ -30,6 +30,25 @@ class TaskDef:
     splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
     description: str = ""
     head: str = "classify"  # classify (pooler + classifier), span (start/end logits), choice (multiple choice)
+    select: str | None = None  # metric that picks the best validation; None: see `selection`
+
+    def __post_init__(self):
+        if self.select is not None and self.select not in self.metrics:  # it must be a logged metric
+            raise ValueError(f"task {self.name}: select '{self.select}' is not one of its metrics {self.metrics}")
+
+    @property
+    def selection(self) -> str:
+        """The metric the best validation evaluation is chosen by (higher is better).
+
+        ``select`` when given, else Spearman for a regression task that reports it (the GLUE / BiGS
+        headline for STS-B, and what a local --num-labels 1 task gets), else the first metric. The rule
+        matters because `load_task` rebuilds the definition without ``select``.
+        """
+        if self.select:
+            return self.select
+        if self.num_labels == 1 and "spearman" in self.metrics:
+            return "spearman"
+        return self.metrics[0]
 
 
 GLUE = {
@@ -38,7 +57,12 @@ GLUE = {
     "mrpc": TaskDef("mrpc", ("sentence1", "sentence2"), metrics=("f1", "accuracy"), hub=("nyu-mll/glue", "mrpc")),
     "qqp": TaskDef("qqp", ("question1", "question2"), metrics=("f1", "accuracy"), hub=("nyu-mll/glue", "qqp")),
     "stsb": TaskDef(
-        "stsb", ("sentence1", "sentence2"), num_labels=1, metrics=("pearson", "spearman"), hub=("nyu-mll/glue", "stsb")
+        "stsb",
+        ("sentence1", "sentence2"),
+        num_labels=1,
+        metrics=("pearson", "spearman"),
+        hub=("nyu-mll/glue", "stsb"),
+        select="spearman",  # BiGS Table 1 / GLUE report Spearman for STS-B
     ),
     "mnli": TaskDef(
         "mnli",
@@ -183,6 +207,7 @@ def load_task(cfg: TaskConfig) -> TaskData:
         metrics=base.metrics if base else (("pearson", "spearman") if cfg.num_labels == 1 else ("accuracy",)),
         hub=base.hub if base else None,
         splits=base.splits if base else {"train": "train", "validation": "validation"},
+        select=base.select if base else None,
     )
     if not 1 <= len(td.text_fields) <= 2:
         raise DataError(f"task.text_fields = {list(td.text_fields)}: expected one or two column names")

@@ -366,15 +366,18 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
     )
     summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     if jax.process_index() == 0:
-        summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.metrics[0])
+        summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.selection)
         _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
 def best_validation(metrics_path: Path, key: str) -> dict | None:
-    """The best evaluation seen during training (the official BiGS protocol; optimistic)."""
+    """The best evaluation seen during training by metric ``key`` (the task's `TaskDef.selection`, e.g.
+    Spearman for STS-B), as the official BiGS protocol reports (optimistic). The earliest row wins a tie;
+    rows without a finite value for ``key`` are skipped (a NaN would make the max depend on row order)."""
     rows = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
-    rows = [r for r in rows if r.get("split") == "validation" and key in r]
+    rows = [r for r in rows if r.get("split") == "validation" and isinstance(r.get(key), int | float)]
+    rows = [r for r in rows if np.isfinite(r[key])]
     return max(rows, key=lambda r: r[key]) if rows else None
 
 
