@@ -42,10 +42,20 @@ class ModelConfig:
     initializer_range: float = 0.02
     a_init: Literal["hippo", "lin", "inv"] = "hippo"  # S4D initialisation of A (official default: hippo)
     gelu: Literal["exact", "tanh"] = "exact"  # paper: GELU; official Flax code: tanh approximation
-    pooler: Literal["non_padding_mean", "mean"] = "non_padding_mean"
+    # Sequence-classification pooler, then Dense + tanh. None = the family's own (ssmlm.models.heads.POOLERS):
+    # [CLS] for bert / gmlp / amlp as in their papers, the mean over non-padding tokens for the BiGS family.
+    pooler: Literal["non_padding_mean", "mean", "cls"] | None = None
+    # LayerNorm after the last block of a pre-norm encoder (BiGS, gated/att, gMLP/aMLP, pre-LN stacks). The
+    # official BiGS code has none: its MLM head normalises, so nothing bounds the residual stream, which grows
+    # to ~1e3 and saturates the finetuning pooler's tanh (issue 9). false = the official layout.
+    final_norm: bool = True
+    # Zero padded positions before token mixing (SSM convolutions, gMLP spatial projection), so an example's
+    # prediction does not depend on its batch's padding. false = the official BiGS code / gMLP paper.
+    mask_padding: bool = True
     ssm_kernels: Literal["shared", "per_channel"] = "shared"  # official BiGS: one kernel for all channels
     num_heads: int = 16  # attention heads (gated_att, bert)
-    stack_norm: Literal["post", "pre"] = "post"  # stack_ssm / bert: BERT's post-LN, or pre-LN
+    # stack_ssm / bert: pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
+    stack_norm: Literal["pre", "post"] = "pre"
     sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
         "split_multiplicative"  # gMLP Table 3
     )
@@ -73,6 +83,10 @@ class DataConfig:
     max_predictions: int | None = None  # None: round(0.15 * max_seq_length); BiGS shards use 20 at 128
     duplicate_factor: int = 10  # differently-masked copies of every sequence
     short_seq_prob: float = 0.1  # chance of a shorter target length, as in BERT data generation
+    # how a document's lines become rows (ssmlm.data.masking): fill = cut into rows of exactly the target
+    # length, a line's overflow starting the next row (nothing lost); bert = create_pretraining_data: whole
+    # lines up to the target, overflow trimmed (discards text); full = fill across documents, [SEP] between
+    packing: Literal["fill", "bert", "full"] = "fill"
     validation_fraction: float = 0.01  # documents held out for evaluation
     seed: int = 42
 

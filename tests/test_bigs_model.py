@@ -153,7 +153,8 @@ def random_ids(shape, seed=0):
 
 
 def test_bigs_large_parameter_count_without_allocating():
-    """23L, H1024, I3072, L128, vocab 30522 (§6.1): 346,314,134 parameters in 608 leaves."""
+    """23L, H1024, I3072, L128, vocab 30522 (§6.1): 346,314,134 parameters in 608 leaves in the official
+    layout (final_norm off); ssmlm's default final LayerNorm adds 2·1024 in 2 leaves."""
     cfg = ModelConfig(
         vocab_size=30522,
         num_layers=23,
@@ -161,6 +162,7 @@ def test_bigs_large_parameter_count_without_allocating():
         intermediate_size=3072,
         max_seq_length=128,
         num_ssm=64,
+        final_norm=False,
     )
     assert param_count_formula(cfg) == {
         "per_layer": 13_645_316,
@@ -171,12 +173,15 @@ def test_bigs_large_parameter_count_without_allocating():
     n, leaves = shape_count(lambda: build_mlm(cfg))
     assert n == 346_314_134
     assert leaves == 608  # §6.5: 26 per layer + 5 embedding + 5 head
+    n, leaves = shape_count(lambda: build_mlm(dataclasses.replace(cfg, final_norm=True)))
+    assert (n, leaves) == (346_314_134 + 2 * 1024, 610)
+    assert param_count_formula(dataclasses.replace(cfg, final_norm=True))["mlm_total"] == n
 
 
 def test_bigs_12_layer_parameter_count_without_allocating():
     """12L, H768, I3072, L128 (§6.1): 137,555,562. Built abstractly at 2 layers (tracing 12 is slow), the
     per-layer difference and the 2-layer total must fit the table's per-layer and embedding figures."""
-    cfg = ModelConfig(vocab_size=30522, num_layers=12, hidden_size=768, intermediate_size=3072)
+    cfg = ModelConfig(vocab_size=30522, num_layers=12, hidden_size=768, intermediate_size=3072, final_norm=False)
     assert param_count_formula(cfg) == {
         "per_layer": 9_449_220,
         "encoder": 113_390_640,
@@ -461,3 +466,54 @@ def test_pooler_masking(pooler):
         pooled = np.stack([hn[0, :3].mean(0), hn[1].mean(0)])
     want = np.tanh(pooled @ arr(pool.dense.kernel) + arr(pool.dense.bias))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- residual scale (issue 9)
+
+
+def test_gate_product_grows_quadratically_and_final_norm_bounds_what_heads_read():
+    """The measured failure: after MLM pretraining one layer's branch reached rms 190 (the others ~1), because
+    U1 ⊗ Flip(U2) multiplies two linear SSM read-outs, so scaling both by c scales the branch by ~c². The MLM
+    head normalises, so MLM never bounds it; the pooler read the raw stream and its tanh saturated. With
+    final_norm (default) the heads read a LayerNorm'd stream whatever the branch scale; without it (official)
+    the stream the pooler reads carries the growth."""
+    ids = jnp.asarray(np.random.default_rng(0).integers(5, V, (2, LMAX)), jnp.int32)
+    out = {}
+    for final_norm in (True, False):
+        model = build_classifier(cfg_small(num_layers=2, final_norm=final_norm, initializer_range=0.2), 2)
+        for c in (1.0, 10.0):
+            layer = model.encoder.layers[1]
+            for w in (layer.w_u1, layer.w_u2):
+                w.kernel[...] = w.kernel[...] * (c if c > 1 else 1.0)
+            x = model.encoder.embeddings(ids, jnp.zeros_like(ids), None)
+            branch = layer(model.encoder.layers[0](x)) - model.encoder.layers[0](x)
+            h = model.encoder(ids)
+            out[final_norm, c] = (float(jnp.sqrt((branch**2).mean())), float(jnp.sqrt((h**2).mean())))
+    (b1, _), (b10, _) = out[False, 1.0], out[False, 10.0]
+    assert 30 < b10 / b1 < 300  # ~c² = 100 (GELU is ~x/2 near 0 and ~x for large x, so a bit more)
+    assert out[False, 10.0][1] > 3 * out[False, 1.0][1]  # official: the heads see the growth
+    for c in (1.0, 10.0):  # final norm: the heads see unit scale
+        assert 0.5 < out[True, c][1] < 2.0
+
+
+def test_pooler_input_stays_bounded_after_pretraining(tmp_path, corpus_file):
+    """A short MLM pretraining of the default architecture (final_norm on), then the quantity that blew up in
+    the user's run: the mean-pooled last hidden state the pooler reads (norm ~1,937 against 6.65 at init in
+    issue 9). It stays at the LayerNorm's scale, ~√d."""
+    from conftest import tiny_recipe
+
+    from ssmlm.recipe import load_recipe
+    from ssmlm.train import stages
+
+    d = 32
+    model = {"hidden_size": d, "num_layers": 2, "intermediate_size": 96}
+    path = tiny_recipe(
+        tmp_path / "r.yaml", corpus_file, model, train={"steps": 60, "batch_size": 16, "learning_rate": 1e-2}
+    )
+    stages.pretrain(load_recipe(str(path)), tmp_path / "runs/scale", quiet=True)
+    model, _ = stages.open_run(tmp_path / "runs/scale").load_model()
+    ids = jnp.asarray(np.random.default_rng(0).integers(5, 150, (8, 32)), jnp.int32)
+    h = model.encoder(ids, attention_mask=jnp.ones_like(ids))
+    pooled = np.linalg.norm(np.asarray(h.mean(1)), axis=-1)
+    assert model.encoder.final_norm is not None
+    assert (pooled < 2 * np.sqrt(d)).all()

@@ -87,17 +87,34 @@ def test_deterministic_for_a_seed(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_padding_behaviour(arch):
-    """Attention encoders mask padding: real positions ignore what the pads hold. The SSM encoders and
-    gMLP, as in their papers, do not mask: the backward SSM (and the spatial projection) read the pads."""
+    """Every family ignores what the pads hold (attention masks them; SSM inputs and gMLP's spatial input are
+    zeroed there, model.mask_padding). With mask_padding off — the official BiGS code, the gMLP paper — the
+    backward SSM and the spatial projection read the pads."""
     enc = make_nontrivial(encoder(arch))
     ids = jnp.array([[5, 6, 7, 8, 9, 10, 11, 12, 0, 0, 0, 0]], jnp.int32)
     other = ids.at[0, 8:].set(jnp.array([13, 14, 15, 16]))
     mask = (ids != 0).astype(jnp.int32)
     a, b = np.asarray(enc(ids, None, mask))[0, :8], np.asarray(enc(other, None, mask))[0, :8]
-    if arch in ATTENTION:
-        np.testing.assert_allclose(a, b, atol=1e-5)
-    elif arch != "amlp":  # aMLP masks its tiny attention but its spatial projection still reads pads
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    if arch not in ATTENTION:
+        official = make_nontrivial(encoder(arch, mask_padding=False))
+        a, b = np.asarray(official(ids, None, mask))[0, :8], np.asarray(official(other, None, mask))[0, :8]
         assert not np.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prediction_does_not_depend_on_batch_padding(arch):
+    """A sentence's logits are the same whether its batch pads it to 12 or to 32 positions (as `task.padding:
+    longest` does with batches of different longest sentences), with every family's own pooler."""
+    cfg = tiny(arch, max_seq_length=32)
+    model = make_nontrivial(build_classifier(cfg, 3))
+    sent = jnp.array([2, 5, 6, 7, 8, 9, 10, 3], jnp.int32)
+    logits = []
+    for width in (12, 20, 32):
+        ids = jnp.zeros((1, width), jnp.int32).at[0, :8].set(sent)
+        logits.append(np.asarray(model(ids, (ids != 0).astype(jnp.int32))))
+    np.testing.assert_allclose(logits[0], logits[1], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(logits[0], logits[2], atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["bigs", "bert"])
@@ -121,9 +138,20 @@ def test_per_channel_ssm_kernels():
 
 
 @pytest.mark.parametrize("arch", ["bert", "stack_ssm"])
-def test_pre_ln_variant_has_final_norm(arch):
-    post, pre = encoder(arch), encoder(arch, stack_norm="pre")
+def test_pre_ln_is_the_default_and_has_final_norm(arch):
+    """Stacked baselines are pre-LN by default (academic-budget-bert's BERT, the setting BiGS Table 1 cites):
+    LayerNorm before each sublayer and one after the last layer; post-LN (BERT's original) is an option."""
+    post, pre = encoder(arch, stack_norm="post"), encoder(arch)
+    assert ModelConfig().stack_norm == "pre" and load_recipe("bert_large").model.stack_norm == "pre"
     assert post.final_norm is None and pre.final_norm is not None
+    assert pre.layers[0].pre_norm and not post.layers[0].pre_norm
+    # pre-LN: the residual stream passes unnormalised between layers; post-LN normalises every layer output
+    x = jax.random.normal(jax.random.key(0), (2, 12, pre.cfg.hidden_size)) * 5.0
+    mask = jnp.ones((2, 12), jnp.int32)
+    y_post = post.layers[0](x, mask)
+    assert np.allclose(np.asarray(y_post).std(-1), 1.0, atol=0.05)
+    y_pre = pre.layers[0](x, mask)
+    assert np.asarray(y_pre).std(-1).mean() > 3.0
     ids = jnp.ones((1, 12), jnp.int32)
     assert pre(ids).shape == post(ids).shape
 
@@ -132,8 +160,8 @@ def test_pre_ln_variant_has_final_norm(arch):
 # paper ("~350M", BERT-large 335M at 512 positions). gMLP/aMLP: gMLP paper Table 5 (130M/365M/941M; aMLP
 # 109M/316M).
 PAPER = {
-    "bigs_full": (346_314_134, 0.0),
-    "bigs_512": (346_707_350, 0.0),
+    "bigs_full": (346_314_134 + 2 * 1024, 0.0),  # official count + ssmlm's final LayerNorm (final_norm)
+    "bigs_512": (346_707_350 + 2 * 1024, 0.0),
     "bigs_12l_4096": (119_000_000, 0.02),
     "bert_large": (335_000_000, 0.02),
     "stack_ssm": (346_000_000, 0.04),  # 24 stacked layers are matched to the gated model's 23
@@ -173,3 +201,49 @@ def test_flops_per_token_attention_grows_with_length():
     assert f4096 - f128 == pytest.approx(12 * (4096 - 128) * 1024 * 24)
     n = count_params(m) - (30522 + 128 + 2) * 1024
     assert f128 == pytest.approx(6 * n + 12 * 128 * 1024 * 24, rel=0.01)
+
+
+def test_each_family_pools_as_its_paper():
+    """BERT and gMLP/aMLP classify from the [CLS] token (BERT's pooler: Dense + tanh of the first token); BiGS
+    and its ablations average the non-padding tokens (official BiGS code); model.pooler overrides."""
+    from ssmlm.models.heads import Pooler, pooler_kind
+
+    expect = {"bert": "cls", "gmlp": "cls", "amlp": "cls", "bigs": "non_padding_mean",
+              "stack_ssm": "non_padding_mean", "gated_att": "non_padding_mean"}  # fmt: skip
+    for arch, kind in expect.items():
+        assert pooler_kind(tiny(arch)) == kind
+        assert build_classifier(tiny(arch), 2).pooler.kind == kind
+        for name in {"bert": ["bert_large"], "gmlp": ["gmlp_base"], "bigs": ["bigs_full", "default"]}.get(arch, []):
+            assert pooler_kind(load_recipe(name).model) == kind
+    assert pooler_kind(tiny("bert", pooler="non_padding_mean")) == "non_padding_mean"
+
+    h = jax.random.normal(jax.random.key(0), (2, 6, 16))
+    mask = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    for kind, reads in [("cls", [0]), ("non_padding_mean", [0, 1, 2, 3])]:
+        pool = Pooler(tiny("bert", pooler=kind), rngs=nnx.Rngs(params=0))
+        jac = jax.jacobian(lambda x, pool=pool: pool(x, mask)[0])(h)  # (d, B, L, d): positions of row 0 it reads
+        used = np.flatnonzero(np.abs(np.asarray(jac[:, 0])).sum((0, 2)) > 0)
+        assert used.tolist() == reads, kind
+        np.testing.assert_allclose(
+            np.asarray(pool(h, mask)),
+            np.tanh(
+                np.asarray(
+                    pool.dense(h[:, 0] if kind == "cls" else (h * mask[..., None]).sum(1) / mask.sum(1)[:, None])
+                )
+            ),
+            atol=1e-6,
+        )
+
+
+def test_padding_longest_is_refused_where_padding_would_change_predictions():
+    from ssmlm.errors import UserError
+    from ssmlm.train.stages import check_padding
+
+    for arch in ARCHS:
+        check_padding(tiny(arch), "longest")  # default: every family is padding-invariant
+        check_padding(tiny(arch, mask_padding=False), "max_length")  # the official fixed length is always fine
+        if arch not in ATTENTION:
+            with pytest.raises(UserError, match="mask_padding"):
+                check_padding(tiny(arch, mask_padding=False), "longest")
+    with pytest.raises(UserError, match="pooler"):
+        check_padding(tiny("bigs", pooler="mean"), "longest")

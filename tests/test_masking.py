@@ -1,5 +1,5 @@
 """Document packing, static MLM masking (ssmlm.data.masking) and offline preprocessing
-(ssmlm.data.preprocess).
+(ssmlm.data.preprocess). Packing modes and fill rates: test_packing.py.
 
 The statistics run on real-ish token streams: a WordPiece trained with ssmlm's own trainer on Python's
 offline documentation (pydoc_data.topics) and on generated English-like sentences.
@@ -103,29 +103,27 @@ def test_pack_document_bounds_and_order(corpus, max_tokens, short_seq_prob):
         assert [t for c in chunks for t in c] == [t for line in doc for t in line]
 
 
-def test_pack_document_is_greedy_on_whole_lines():
+def test_pack_document_fills_rows_across_lines():
     rng = np.random.default_rng(1)
     doc = [list(range(100 * i, 100 * i + int(n))) for i, n in enumerate(rng.integers(1, 12, 80))]
     chunks = pack_document(doc, 20, 0.0, np.random.default_rng(0))
-    starts = {line[0]: len(line) for line in doc}
-    for a, b in zip(chunks, chunks[1:], strict=False):
-        assert b[0] in starts, "a line fitting in one chunk was split"
-        # the next chunk's first line did not fit in the space left (greedy packing)
-        assert len(a) + starts[b[0]] > 20
-    assert sum(map(len, chunks)) == sum(map(len, doc))
+    # every row but the last is exactly full: a line that does not fit continues in the next row
+    assert all(len(c) == 20 for c in chunks[:-1]) and 1 <= len(chunks[-1]) <= 20
+    assert any(c[0] not in {line[0] for line in doc} for c in chunks), "no row starts inside a line"
+    assert [t for c in chunks for t in c] == [t for line in doc for t in line]
 
 
 def test_pack_document_splits_overlong_lines_instead_of_dropping():
     doc = [[1, 2, 3], list(range(10, 35)), [7, 8]]
     chunks = pack_document(doc, 10, 0.0, np.random.default_rng(0))
-    assert chunks == [[1, 2, 3], list(range(10, 20)), list(range(20, 30)), [30, 31, 32, 33, 34, 7, 8]]
+    assert chunks == [[1, 2, 3, *range(10, 17)], list(range(17, 27)), [*range(27, 35), 7, 8]]
 
 
 def test_pack_document_short_sequences():
     doc = [[i] * 3 for i in range(400)]
     long = pack_document(doc, 60, 0.0, np.random.default_rng(0))
     short = pack_document(doc, 60, 1.0, np.random.default_rng(0))
-    assert all(len(c) >= 58 for c in long[:-1])  # 3-token lines fill 60 up to at least 58
+    assert all(len(c) == 60 for c in long[:-1])
     assert np.mean([len(c) for c in short]) < 0.75 * np.mean([len(c) for c in long])
     again = pack_document(doc, 60, 1.0, np.random.default_rng(0))
     assert again == short
@@ -238,6 +236,17 @@ def test_mask_batch_max_predictions_longer_than_sequence():
     out = run_mask(base, ids, 50, 10, prob=0.5)  # e.g. data.max_predictions: 10 with max_seq_length 8
     assert out["masked_lm_positions"].shape == (1, 10)
     assert (out["masked_lm_positions"] > 0).sum() == 3
+
+
+def test_mask_batch_random_replacements_from_given_ids():
+    base = np.tile(np.array([[2, *range(10, 40), 3]], np.int32), (2000, 1))
+    allowed = np.arange(5, 12)  # preprocess passes every id but the special tokens
+    out = mask_batch(base, {0, 2, 3}, 12, 4, 0.15, 5, np.random.default_rng(0), allowed)
+    pos, lab = out["masked_lm_positions"], out["masked_lm_ids"]
+    rows, slots = np.nonzero(pos > 0)
+    new = out["input_ids"][rows, pos[rows, slots]]
+    rnd = new[(new != 4) & (new != lab[rows, slots])]
+    assert len(rnd) > 500 and set(rnd.tolist()) == set(allowed.tolist())
 
 
 # ----------------------------------------------------------------------------- tokenizer

@@ -3,13 +3,14 @@
 Output directory (reused when the same inputs come again, written atomically):
   train/, validation/     `datasets.save_to_disk` with input_ids (L), masked_lm_positions (P), masked_lm_ids (P)
   tokenizer.json          the tokenizer the ids refer to
-  metadata.json           fingerprint, tokenizer ids, lengths and counts
+  metadata.json           fingerprint, tokenizer ids, lengths, counts and fill rates (real tokens / positions)
 Validation documents are chosen by a hash of their text, so the split is stable across runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -20,14 +21,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ssmlm.data.masking import mask_batch, pack_document
+from ssmlm.data.masking import mask_batch, pack, rows_to_array
 from ssmlm.data.sources import corpus_fingerprint, load_corpus
 from ssmlm.data.tokenizer import load_tokenizer, special_ids, train_wordpiece
 from ssmlm.errors import DataError
 from ssmlm.progress import progress_bar
 from ssmlm.recipe import DataConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: packing modes (rows filled across lines), fill_rate
+SPLITS = ("train", "validation")
 
 
 def ssmlm_home() -> Path:
@@ -84,23 +86,30 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
     if ids["pad"] != 0:
         raise DataError(f"tokenizer '{cfg.tokenizer}': [PAD] must have id 0 (has {ids['pad']})")
 
-    # --- tokenize and pack, per split
-    rng = np.random.default_rng(cfg.seed)
-    splits: dict[str, list[list[int]]] = {"train": [], "validation": []}
+    # --- tokenize, per split, into flat arrays (token lists per line would cost ~10x the memory)
+    flat: dict[str, dict[str, list]] = {s: {"tokens": [], "line_lengths": [], "doc_lines": []} for s in SPLITS}
     n_tokens = 0
     with progress_bar(quiet) as bar:
         task = bar.add_task("tokenizing", total=len(corpus.documents))
         for doc in corpus.documents:
             encoded = [e.ids for e in tok.encode_batch(doc, add_special_tokens=False)]
-            n_tokens += sum(map(len, encoded))
-            split = "validation" if _is_validation(doc, cfg.validation_fraction) else "train"
-            splits[split].extend(pack_document(encoded, seq_len - 2, cfg.short_seq_prob, rng))
+            lengths = [len(e) for e in encoded]
+            n_tokens += sum(lengths)
+            f = flat["validation" if _is_validation(doc, cfg.validation_fraction) else "train"]
+            f["tokens"].append(np.fromiter(itertools.chain.from_iterable(encoded), np.int32, sum(lengths)))
+            f["line_lengths"].extend(lengths)
+            f["doc_lines"].append(len(lengths))
             bar.advance(task)
-    if not splits["train"]:
+
+    # --- pack into [CLS] ... [SEP] rows
+    rng = np.random.default_rng(cfg.seed)
+    splits = {split: _pack_split(flat.pop(split), cfg, seq_len, ids, rng) for split in SPLITS}
+    if not len(splits["train"]):
         raise DataError(f"data.source '{cfg.source}': no training text left after the validation split")
 
     # --- mask (duplicate_factor differently-masked copies) and save
     p = max_predictions(cfg, seq_len)
+    random_ids = np.setdiff1d(np.arange(vocab_size), list(ids.values()))  # no special token as a random word
     counts = {}
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=_mkdir(out_root)))
     try:
@@ -108,10 +117,7 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
 
         datasets.disable_progress_bars()
         parts = {}
-        for split, chunks in splits.items():
-            base = np.zeros((len(chunks), seq_len), dtype=np.int32)
-            for i, c in enumerate(chunks):
-                base[i, : len(c) + 2] = [ids["cls"], *c, ids["sep"]]
+        for split, base in splits.items():
             dup = cfg.duplicate_factor if split == "train" else 1
             cols: dict[str, list[np.ndarray]] = {}
             for d in range(dup):
@@ -123,12 +129,19 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
                     cfg.masked_lm_prob,
                     p,
                     np.random.default_rng([cfg.seed, d, split == "train"]),
+                    random_ids,
                 )
                 for k, v in m.items():
                     cols.setdefault(k, []).append(v)
             arrays = {k: np.concatenate(v) for k, v in cols.items()}
-            counts[split] = {"sequences": int(len(arrays["input_ids"])), "unique_sequences": len(chunks)}
-            if not chunks:  # e.g. a one-document corpus has no held-out documents
+            counts[split] = {
+                "sequences": int(len(arrays["input_ids"])),
+                "unique_sequences": len(base),
+                # real tokens ([CLS]/[SEP] included) per position; from the unmasked rows, since a random
+                # replacement may happen to be the [PAD] id
+                "fill_rate": float((base != ids["pad"]).mean()) if len(base) else None,
+            }
+            if not len(base):  # e.g. a one-document corpus has no held-out documents
                 continue
             parts[split] = datasets.Dataset(pa.table({k: _fixed_list(v) for k, v in arrays.items()}))
         datasets.DatasetDict(parts).save_to_disk(str(tmp))
@@ -147,6 +160,8 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
             "vocab_size": vocab_size,
             "special_ids": ids,
             "tokenizer": cfg.tokenizer,
+            "packing": cfg.packing,
+            "fill_rate": counts["train"]["fill_rate"],  # of the training rows: what training steps see
             "splits": counts,
             "config": asdict(cfg),
         }
@@ -158,6 +173,14 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _pack_split(f: dict[str, list], cfg: DataConfig, seq_len: int, ids: dict[str, int], rng) -> np.ndarray:
+    tokens = np.concatenate(f["tokens"]) if f["tokens"] else np.zeros(0, np.int32)
+    row_tokens, row_lengths = pack(
+        tokens, f["line_lengths"], f["doc_lines"], seq_len - 2, cfg.short_seq_prob, rng, cfg.packing, ids["sep"]
+    )
+    return rows_to_array(row_tokens, row_lengths, seq_len, ids["cls"], ids["sep"])
 
 
 def _fixed_list(a: np.ndarray):

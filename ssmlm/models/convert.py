@@ -234,6 +234,8 @@ def model_config_from_official(config: dict) -> ModelConfig:
         a_init=choice("scaling", "hippo", SCALING),
         gelu="tanh",
         pooler=choice("pooler_type", "non_padding_mean", POOLING),
+        final_norm=False,  # the official layout: no LayerNorm after the last layer
+        mask_padding=False,  # the official SSMs read padding; with this the logits are the official ones
         ssm_kernels="shared",
         param_dtype="float32",
         compute_dtype="float32",

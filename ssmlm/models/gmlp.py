@@ -37,13 +37,16 @@ aMLP (arch="amlp", Section 4.3 and Figure 6): a single-head "tiny" attention of 
     q, k, v = X̂ W_q, X̂ W_k, X̂ W_v       d → a each (the paper's one d → 3a projection, same parameters)
     T = softmax(q kᵀ / √a) v W_o        W_o: a → e
 and T is added to the spatial projection before the gating: s(Z) = Z1 ⊙ (f(LN(Z2)) + T). Padding
-keys get no weight (attention_mask) and, with causal=True, neither do later tokens. The SGU itself never
-masks padding: the paper finds that unnecessary (Section 4).
+keys get no weight (attention_mask) and, with causal=True, neither do later tokens. The paper's SGU does
+not mask padding (Section 4 finds it unnecessary); here LN(Z2) is zeroed at padded positions before W
+(mask_padding, default), so a sentence's prediction does not depend on its batch's padding; mask_padding=false
+is the paper's.
 
 Embeddings: word + token type (for sentence pairs), LayerNorm, dropout (ssmlm.models.layers, with the
 position table switched off): position information lives in W (Section 2). As in BiGS here, there is
-no dropout inside the blocks and no final LayerNorm (the MLM head's LayerNorm plays that role);
-cfg.remat recomputes each block in the backward pass (the shared Encoder does it).
+no dropout inside the blocks; a final LayerNorm after the last block (final_norm, as every pre-norm
+stack needs for its heads; see ssmlm.models.layers.Encoder); cfg.remat recomputes each block in the
+backward pass (the shared Encoder does it).
 
 Shapes: B batch, L input length (≤ n), n = max_seq_length, d = hidden_size, F = d_ffn, e = gate width,
 a = tiny_attention_size, V = vocab.
@@ -76,7 +79,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm
+from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm, padding_mask
 from ssmlm.recipe import ModelConfig
 
 # (num_layers, hidden_size, intermediate_size, tiny attention size or None, paper's params in millions)
@@ -181,13 +184,14 @@ class SpatialGatingUnit(nnx.Module):
         self.kind = cfg.sgu
         self.norm = layer_norm(cfg, gate_width(cfg), rngs)
         self.spatial = SpatialProjection(cfg, rngs=rngs)
+        self.mask_padding = cfg.mask_padding
 
-    def __call__(self, z: jax.Array, extra: jax.Array | None = None) -> jax.Array:
+    def __call__(self, z: jax.Array, extra: jax.Array | None = None, mask: jax.Array | None = None) -> jax.Array:
         if self.kind == "split_multiplicative":
             z1, z2 = jnp.split(z, 2, axis=-1)  # (B, L, F/2) each: bypass first, gate second (paper's `u, v`)
         else:
             z1 = z2 = z
-        g = self.spatial(self.norm(z2))
+        g = self.spatial(padding_mask(self.norm(z2), mask, self.mask_padding))
         if extra is not None:
             g = g + extra
         if self.kind == "additive":
@@ -221,7 +225,7 @@ class GMLPBlock(nnx.Module):
         x = self.norm(x_in)
         z = jax.nn.gelu(self.proj_in(x), approximate=self.approximate)  # (B, L, F)
         extra = self.attn(x, mask, None, causal=self.causal) if self.attn is not None else None
-        return x_in + self.proj_out(self.sgu(z, extra))
+        return x_in + self.proj_out(self.sgu(z, extra, mask))
 
 
 class GMLPEncoder(Encoder):
@@ -252,9 +256,10 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
         per_layer += (d * 3 * a + 3 * a) + (a * e + e)
     embeddings = v * d + cfg.type_vocab_size * d + 2 * d
     mlm_head = d * d + d + 2 * d + v  # transform, LayerNorm, output bias (decoder tied to word embeddings)
+    final_norm = 2 * d if cfg.final_norm else 0
     return {
         "per_layer": per_layer,
-        "encoder": per_layer * cfg.num_layers,
+        "encoder": per_layer * cfg.num_layers + final_norm,
         "embeddings": embeddings,
-        "mlm_total": per_layer * cfg.num_layers + embeddings + mlm_head,
+        "mlm_total": per_layer * cfg.num_layers + final_norm + embeddings + mlm_head,
     }

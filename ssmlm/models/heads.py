@@ -1,7 +1,8 @@
 """Task heads shared by every encoder (BiGS official code, bigs_official.md §1.8).
 
 MLM head: transform = Dense(d→d) → exact GELU → LayerNorm, then logits = h · E_wordᵀ + b (tied decoder).
-Pooler: mean over non-padding positions (or over all positions), Dense(d→d), tanh.
+Pooler: the first ([CLS]) token, or the mean over non-padding positions (or over all), then Dense(d→d), tanh;
+each family's default is its paper's (POOLERS).
 Classifier: dropout → Dense(d→k); k = 1 is regression.
 """
 
@@ -45,13 +46,28 @@ class MaskedLM(nnx.Module):
         return self.mlm_head(h, self.encoder.word_embeddings())
 
 
+# Each family's pooler as its paper finetunes it: BERT and gMLP/aMLP read the first ([CLS]) token (Devlin et
+# al.; Liu et al. follow BERT's finetuning); BiGS averages the non-padding tokens (official code). The BiGS
+# ablations (stack/ssm, gated/att) were finetuned with BiGS's code, so they keep its pooler: Table 1 then
+# differs between rows only in the architecture.
+POOLERS = {"bert": "cls", "gmlp": "cls", "amlp": "cls", "bigs": "non_padding_mean", "stack_ssm": "non_padding_mean",
+           "gated_att": "non_padding_mean"}  # fmt: skip
+
+
+def pooler_kind(cfg: ModelConfig) -> str:
+    """The pooler a config uses: ``model.pooler`` if set, else its family's (POOLERS)."""
+    return cfg.pooler or POOLERS[cfg.arch]
+
+
 class Pooler(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.dense = dense(cfg, cfg.hidden_size, cfg.hidden_size, rngs)
-        self.kind = cfg.pooler
+        self.kind = pooler_kind(cfg)
 
     def __call__(self, h: jax.Array, attention_mask: jax.Array) -> jax.Array:
-        if self.kind == "mean":
+        if self.kind == "cls":
+            pooled = h[:, 0]
+        elif self.kind == "mean":
             pooled = h.mean(axis=1)
         else:
             m = attention_mask[..., None].astype(h.dtype)

@@ -111,18 +111,30 @@ class MultiHeadAttention(nnx.Module):
         return self.out(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, self.d_attn))
 
 
-class Encoder(nnx.Module):
-    """Embeddings, then ``num_layers`` blocks ``layer(h, mask, rng) -> h``, then an optional final norm.
+def padding_mask(x: jax.Array, mask: jax.Array | None, enabled: bool) -> jax.Array:
+    """x (B, L, C) with padded positions zeroed: what token mixing (SSM convolutions, gMLP's spatial
+    weights) reads, so an example's output does not depend on how much padding its batch has."""
+    if not enabled or mask is None:
+        return x
+    return x * mask[..., None].astype(x.dtype)
 
-    With ``cfg.remat`` each block's activations are recomputed in the backward pass instead of stored.
+
+class Encoder(nnx.Module):
+    """Embeddings, then ``num_layers`` blocks ``layer(h, mask, rng) -> h``, then a final LayerNorm for
+    pre-norm blocks (``pre_norm``) unless ``cfg.final_norm`` is off.
+
+    Pre-norm blocks add unnormalised branch outputs to the residual stream, so its scale is free; the MLM head
+    normalises, so pretraining never bounds it, and a finetuning head that reads the raw stream (pooler,
+    span logits) saturates. The final norm is the pre-LN Transformer's answer (ln_f); post-LN blocks end
+    in a LayerNorm already. With ``cfg.remat`` each block's activations are recomputed in the backward pass.
     """
 
     def __init__(self, cfg: ModelConfig, layer_cls, *, rngs: nnx.Rngs, positions: bool = True,
-                 final_norm: bool = False):  # fmt: skip
+                 pre_norm: bool = True):  # fmt: skip
         self.cfg = cfg
         self.embeddings = Embeddings(cfg, rngs=rngs, positions=positions)
         self.layers = nnx.List([layer_cls(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-        self.final_norm = layer_norm(cfg, cfg.hidden_size, rngs) if final_norm else None
+        self.final_norm = layer_norm(cfg, cfg.hidden_size, rngs) if pre_norm and cfg.final_norm else None
 
     def word_embeddings(self) -> jax.Array:
         return self.embeddings.word.embedding[...]

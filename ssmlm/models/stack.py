@@ -1,8 +1,9 @@
 """Stacked (Transformer-style) encoders of the BiGS paper's ablations (Section 4, Figure 2 "stack").
 
 Each layer is a routing sublayer followed by a feed-forward sublayer, each wrapped in a residual with
-dropout and LayerNorm — after the residual (post-LN, BERT's original) or before the sublayer (pre-LN,
-``stack_norm: pre``, with a final LayerNorm):
+dropout and LayerNorm — before the sublayer with a final LayerNorm (pre-LN, ``stack_norm: pre``, the default:
+academic-budget-bert's BERT, the controlled setting the BiGS paper's Table 1 cites) or after the residual
+(post-LN, BERT's original, ``stack_norm: post``):
 
     stack/att = BERT:   route(X) = MultiHeadAttention(X)                                   4d² params
     stack/ssm:          route(X) = W_bo Flip(SSM_b(Flip(W_bi · W_fo SSM_f(W_fi X))))       4d² params
@@ -13,7 +14,7 @@ self-attention": the paper gives no code for stack/ssm, so this reading uses two
 forward then backward, each an input and an output projection around one S4D (the same shared-kernel SSM
 as BiGS). Their four d×d projections take the place of attention's Q, K, V, O, which keeps the ≈12d² per
 layer of the paper's parameter accounting (BiGS's gated layer is ≈13d²; hence 24 stacked vs 23 gated
-layers at the same size).
+layers at the same size). The SSM inputs are zeroed at padded positions (``mask_padding``, as in BiGS).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 from flax import nnx
 
 from ssmlm.models.bigs import SSM, flip
-from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm
+from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
 from ssmlm.recipe import ModelConfig
 
 
@@ -33,10 +34,12 @@ class SSMRoute(nnx.Module):
         d = cfg.hidden_size
         self.w_fi, self.ssm_f, self.w_fo = dense(cfg, d, d, rngs), SSM(cfg, rngs=rngs), dense(cfg, d, d, rngs)
         self.w_bi, self.ssm_b, self.w_bo = dense(cfg, d, d, rngs), SSM(cfg, rngs=rngs), dense(cfg, d, d, rngs)
+        self.mask_padding = cfg.mask_padding
 
     def __call__(self, x, mask=None, rng=None) -> jax.Array:
-        h = self.w_fo(self.ssm_f(self.w_fi(x)))
-        return self.w_bo(flip(self.ssm_b(flip(self.w_bi(h)))))
+        pad = lambda t: padding_mask(t, mask, self.mask_padding)  # noqa: E731
+        h = self.w_fo(self.ssm_f(pad(self.w_fi(x))))
+        return self.w_bo(flip(self.ssm_b(flip(pad(self.w_bi(h))))))
 
 
 class StackLayer(nnx.Module):
@@ -70,14 +73,14 @@ class BertEncoder(Encoder):
     """stack/att: BERT (Devlin et al. 2019), post-LN by default."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        super().__init__(cfg, StackLayer, rngs=rngs, final_norm=cfg.stack_norm == "pre")
+        super().__init__(cfg, StackLayer, rngs=rngs, pre_norm=cfg.stack_norm == "pre")
 
 
 class StackSSMEncoder(Encoder):
     """stack/ssm: the BERT layer with its attention replaced by two sequential SSM blocks."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        super().__init__(cfg, StackSSMLayer, rngs=rngs, final_norm=cfg.stack_norm == "pre")
+        super().__init__(cfg, StackSSMLayer, rngs=rngs, pre_norm=cfg.stack_norm == "pre")
 
     def kernels(self, length: int):
         k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731

@@ -42,7 +42,7 @@ class Stage:
     loss_fn: Callable  # (model, batch, rng) -> (mean loss, aux dict of scalars; aux["weight"]: what it averaged over)
     batches: Callable[[int], dict]  # step -> host batch
     total_steps: int
-    tokens_per_step: int
+    tokens_per_step: int  # slots per step (batch x length); tokens/s and MFU count only real (non-pad) tokens
     eval_fn: Callable | None = None  # (model, batch) -> dict of arrays
     eval_data: Callable[[], Iterable[dict]] | None = None
     score: Callable[[list[dict], list[dict]], dict] | None = None  # (outputs, batches) -> metrics
@@ -218,10 +218,12 @@ def run(
     prefetch = Prefetcher(stage.batches, start, stop)
     with progress_bar(quiet or not lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
         task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", mfu="-", **{"tok/s": "-"})
-        t_window, steps_window, window_sum = time.time(), 0, None
+        t_window, steps_window, window_sum, real_window = time.time(), 0, None, 0
         try:
             while step < stop:
-                batch = put_batch(prefetch.next(step), b_sh)
+                host_batch = prefetch.next(step)
+                real_window += real_tokens(host_batch)
+                batch = put_batch(host_batch, b_sh)
                 params, opt_state, out = train_step(params, opt_state, batch, step)
                 step += 1
                 steps_window += 1
@@ -235,10 +237,14 @@ def run(
                     last = {k: v / good for k, v in sums.items()}
                     window_sum = None
                     now = time.time()
-                    tps = stage.tokens_per_step * steps_window / max(now - t_window, 1e-9)
-                    t_window, steps_window = now, 0
+                    # Padding is not work: tokens/s (and MFU) count the real tokens of every process's rows.
+                    real = real_window * jax.process_count()
+                    tps = real / max(now - t_window, 1e-9)
+                    fill = real / max(stage.tokens_per_step * steps_window, 1)
+                    t_window, steps_window, real_window = now, 0, 0
                     lr = float(lr_fn(step - 1))
-                    rec = {"step": step, "lr": lr, "tokens_per_s": round(tps, 1), "time": round(now, 3), **last}
+                    rec = {"step": step, "lr": lr, "tokens_per_s": round(tps, 1), "fill": round(fill, 4),
+                           "time": round(now, 3), **last}  # fmt: skip
                     if skipped:
                         rec["skipped"] = skipped
                     mfu = tps * flops / peak if peak else None
@@ -350,6 +356,12 @@ class Prefetcher:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def real_tokens(batch: dict) -> int:
+    """Non-padding tokens of a host batch ([PAD] is id 0 in every ssmlm dataset; weight-0 rows count none)."""
+    ids = batch["input_ids"]
+    return int((ids != 0).sum())
 
 
 def stage_flops(stage: Stage, recipe: Recipe) -> float:

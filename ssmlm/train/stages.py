@@ -285,6 +285,7 @@ def pretrain(
             "data_dir": str(data_dir),
             "data_fingerprint": meta["fingerprint"],
             "max_predictions": meta["max_predictions"],
+            "fill_rate": meta.get("fill_rate"),  # real tokens / slots of the training rows
             "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
             "steps_per_epoch": batches.steps_per_epoch,
         },  # fmt: skip
@@ -294,6 +295,7 @@ def pretrain(
 
     if jax.process_index() == 0:
         summary["loss_plot"] = str(plot_metrics(run_dir))
+        summary["fill_rate"] = meta.get("fill_rate")
         _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
@@ -320,6 +322,7 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
             f"task.max_seq_length = {max_len} exceeds the checkpoint's max_seq_length "
             f"{source.recipe.model.max_seq_length}; run extend-length first"
         )
+    check_padding(source.recipe.model, recipe.task.padding)
     prep = downstream.prepare(recipe.task, source.tokenizer(), max_len)
     td = prep.definition
     recipe = dataclasses.replace(
@@ -369,6 +372,21 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
         summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.selection)
         _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def check_padding(cfg, padding: str) -> None:
+    """`task.padding: longest` pads each split to its longest example, so an example's padding depends on its
+    split; refuse it where padding changes predictions (official unmasked SSM / spatial mixing, or a pooler
+    that averages the pads)."""
+    from ssmlm.models.heads import pooler_kind
+
+    mixes_pads = cfg.arch not in ("bert", "gated_att") and not cfg.mask_padding
+    if padding == "longest" and (mixes_pads or pooler_kind(cfg) == "mean"):
+        why = "model.pooler = 'mean' averages the pads" if not mixes_pads else "model.mask_padding = false"
+        raise UserError(
+            f"task.padding = 'longest': with {why} predictions would depend on the padding; "
+            "use task.padding = 'max_length' (the official setting)"
+        )
 
 
 def best_validation(metrics_path: Path, key: str) -> dict | None:
