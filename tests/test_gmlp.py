@@ -367,3 +367,18 @@ def test_param_count_extrapolation_is_exact_for_gmlp_base():
 def test_param_counts_tables_3_and_4(layers, ffn, sgu, paper_m):
     total = param_count_formula(paper_cfg(layers, 512, ffn, sgu=sgu))["mlm_total"]
     assert abs(total / 1e6 - paper_m) / paper_m < 0.02, total
+
+
+@pytest.mark.parametrize("name", ["gmlp_base", "gmlp_ablation", "amlp_base"])
+def test_dry_run_prints_the_papers_count_with_the_recipes_own_vocabulary(name):
+    """`ssmlm pretrain gmlp_base --dry-run` builds from the recipe as shipped (its BERT-sized WordPiece and C4
+    source, no data read) and lands on Table 5's / Table 3's count."""
+    from ssmlm.recipe import load_recipe
+    from ssmlm.train.plan import plan
+
+    recipe = load_recipe(name)
+    assert recipe.data.vocab_size == 30522 and recipe.data.source.startswith("hub:allenai/c4")
+    p = plan(recipe)
+    paper = {"gmlp_base": 130e6, "gmlp_ablation": 102e6, "amlp_base": 109e6}[name]
+    assert p["vocab_size"] == 30522
+    assert abs(p["params_total"] - paper) / paper < 0.01, p["params_total"]
