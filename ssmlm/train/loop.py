@@ -23,16 +23,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ssmlm.errors import UserError
+from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
 from ssmlm.train.checkpoint import Checkpoints
 from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
 from ssmlm.train.optim import make_optimizer
-
-
-class Interrupted(UserError):
-    """Ctrl-C during training: a checkpoint was written; re-running the command resumes."""
 
 
 @dataclass
