@@ -117,7 +117,7 @@ FIELDS: dict[str, Rule] = {
 
 @dataclass(frozen=True)
 class Relation:
-    """A rule over several fields. ``keys[0]`` is blamed, unless another of the keys was set by --set."""
+    """A rule over several fields; the message names ``keys[0]`` and says what it should be given the others."""
 
     keys: tuple[str, ...]
     applies: Callable[[Any], bool]
@@ -165,7 +165,10 @@ RELATIONS: list[Relation] = [
         ("mesh.data", "mesh.fsdp", "mesh.tensor"),
         lambda r: True,
         lambda r: [r.mesh.data, r.mesh.fsdp, r.mesh.tensor].count(-1) <= 1,
-        lambda r: "at most one of mesh.data, mesh.fsdp, mesh.tensor to be -1",
+        lambda r: (
+            f"at most one axis to be -1 (mesh.data = {r.mesh.data}, mesh.fsdp = {r.mesh.fsdp}, "
+            f"mesh.tensor = {r.mesh.tensor})"
+        ),
     ),
 ]
 
@@ -189,10 +192,11 @@ def validate(recipe, source: str = "recipe") -> None:
             raise RecipeError(f"{_where(source, key)}: '{key}' = {value!r}: expected {rule.expected}")
     for rel in RELATIONS:
         if rel.applies(recipe) and not rel.ok(recipe):
-            # Blame what the user just typed if they typed one of the keys; else the rule's main field.
-            key = next((k for k in rel.keys if _where(source, k) == "--set"), rel.keys[0])
-            value = _get(recipe, key)
-            raise RecipeError(f"{_where(source, key)}: '{key}' = {value!r}: expected {rel.expected(recipe)}")
+            # Point at the command line if one of the fields was set there (that is what the user just
+            # changed), else at the file that set the rule's main field.
+            where = next((w for k in rel.keys if (w := _where(source, k)) == "--set"), _where(source, rel.keys[0]))
+            key = rel.keys[0]
+            raise RecipeError(f"{where}: '{key}' = {_get(recipe, key)!r}: expected {rel.expected(recipe)}")
 
 
 # ----------------------------------------------------------------------------- command-line options
@@ -224,15 +228,16 @@ def run_dir(path: str | Path, opt: str) -> None:
         raise CheckpointError(f"{opt} {path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
 
 
-def inputs(recipe, pretraining: bool = True) -> None:
-    """Local files the recipe names exist (the rest of data checking needs the data itself)."""
+def inputs(recipe, data: bool = True, tokenizer: bool = True) -> None:
+    """Local files the recipe names exist (the rest of data checking needs the data itself). ``data`` /
+    ``tokenizer``: whether this command reads the recipe's corpus / tokenizer (finetuning uses the source run's)."""
     from ssmlm.data.sources import check_source
 
-    if pretraining:
+    if data:
         check_source(recipe.data.source)
-        tok = recipe.data.tokenizer
-        if tok != "train" and not Path(tok).expanduser().exists():
-            raise UserError(f"data.tokenizer '{tok}': no such file (expected 'train', a vocab.txt or tokenizer.json)")
+    tok = recipe.data.tokenizer
+    if data and tokenizer and tok != "train" and not Path(tok).expanduser().exists():
+        raise UserError(f"data.tokenizer '{tok}': no such file (expected 'train', a vocab.txt or tokenizer.json)")
     for key in ("train_file", "validation_file", "test_file", "data_dir"):
         path = getattr(recipe.task, key)
         if path and not Path(path).expanduser().exists():

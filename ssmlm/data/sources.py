@@ -140,7 +140,7 @@ def json_rows(path: Path) -> Iterator[tuple[int, dict]]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+                    raise DataError(f"{path}: line {n}: not valid JSON ({e.msg}, column {e.colno})") from None
                 if not isinstance(row, dict):
                     raise DataError(f"{path}: line {n}: expected a JSON object, got {type(row).__name__}")
                 yield n, row
