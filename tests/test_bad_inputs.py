@@ -74,6 +74,14 @@ def damaged_run(c, name: str) -> Path:
     return d
 
 
+def edited_run(c) -> Path:
+    """A copy of the trained run whose recipe.yaml was edited by hand: its checkpoints no longer fit."""
+    d = c.tmp / "edited"
+    shutil.copytree(c.run, d)
+    (d / "recipe.yaml").write_text((d / "recipe.yaml").read_text().replace("hidden_size: 16", "hidden_size: 8"))
+    return d
+
+
 def write_task(path: Path, n: int, seed: int) -> Path:
     rows = ["sentence,label"] + [f"{s},{int('cat' in s)}" for s in english_lines(n, seed)]
     path.write_text("\n".join(rows) + "\n")
@@ -228,6 +236,8 @@ CASES = [
     ("evaluate_not_a_run", lambda c: ["evaluate", "--ckpt", c.corpus], lambda c: [c.corpus, "not an ssmlm run"]),
     ("evaluate_damaged_run_json", lambda c: ["evaluate", "--ckpt", damaged_run(c, "run.json")],
      lambda c: [c.tmp / "damaged", "damaged run directory"]),
+    ("evaluate_recipe_edited_in_run", lambda c: ["evaluate", "--ckpt", edited_run(c)],
+     lambda c: [c.tmp / "edited", "no usable checkpoint", "steps 4, 2", "does not fit the model"]),
     ("analyze_window_0", lambda c: ["analyze", "kernels", "--ckpt", c.run, "--window", "0"],
      lambda c: ["--window = 0"]),
     ("extend_without_source", lambda c: ["extend-length", c.recipe()], lambda c: ["--from"]),
@@ -332,7 +342,7 @@ def test_no_usable_checkpoint_is_one_line(trained):
     run = broken_copy(trained, "all-broken", truncate_files)
     truncate_files(run / "checkpoints" / "2")
     before = snapshot(run)
-    assert_user_error(invoke("evaluate", "--ckpt", run), run, "no usable checkpoint", "step 4", "step 2")
+    assert_user_error(invoke("evaluate", "--ckpt", run), run, "no usable checkpoint", "steps 4, 2")
     assert_user_error(invoke("pretrain", trained.recipe, "--name", run.name, "-q"), "no usable checkpoint")
     assert snapshot(run) == before
 

@@ -39,8 +39,25 @@ def _quiet_orbax():
 
 
 def _reason(e: BaseException) -> str:
-    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
-    return f"{type(e).__name__}: {line[:160]}" if line else type(e).__name__
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:160]
+    if isinstance(e, CheckpointError):  # our own words need no type name
+        return line
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def _key(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def check_shapes(step_dir: Path, item: str, abstract) -> None:
+    """Compare stored array shapes with the model's before restoring. Orbax reads arrays asynchronously and
+    finds a mismatch mid-read, after which its pending reads fail noisily on a closed event loop."""
+    stored = ocp.StandardCheckpointHandler().metadata(step_dir / item)
+    have = {_key(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(stored)[0] if hasattr(m, "shape")}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+        key = _key(path)
+        if key in have and have[key] != tuple(leaf.shape):
+            raise CheckpointError(f"does not fit the model: {item} {key} has shape {have[key]}, the model {leaf.shape}")
 
 
 def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], object], on_broken=None):
@@ -63,7 +80,10 @@ def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], obj
         return step, result
     if not failed:
         raise CheckpointError(f"{run_dir}: holds no complete checkpoint")
-    tried = "; ".join(f"step {s}: {why}" for s, why in failed)
+    by_reason: dict[str, list[str]] = {}
+    for s, why in failed:
+        by_reason.setdefault(why, []).append(str(s))
+    tried = "; ".join(f"{'steps' if len(s) > 1 else 'step'} {', '.join(s)}: {why}" for why, s in by_reason.items())
     raise CheckpointError(f"{run_dir}: no usable checkpoint ({tried})")
 
 
@@ -104,6 +124,8 @@ class Checkpoints:
         return self.mgr.best_step() if self.best else None
 
     def restore(self, step: int, abstract_params, abstract_opt_state):
+        check_shapes(self.dir / str(step), "params", abstract_params)
+        check_shapes(self.dir / str(step), "opt_state", abstract_opt_state)
         r = self.mgr.restore(
             step,
             args=ocp.args.Composite(
@@ -165,6 +187,7 @@ def load_params(run_dir: Path, abstract_params, step: int | None = None):
     with _quiet_orbax(), ocp.CheckpointManager(ckpt_dir) as mgr:
 
         def restore(s: int):
+            check_shapes(ckpt_dir / str(s), "params", abstract_params)
             r = mgr.restore(s, args=args)
             if not isinstance(r.meta, dict) or "step" not in r.meta:
                 raise CheckpointError("its manifest has no step")
