@@ -107,8 +107,9 @@ def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
 
 @contextlib.contextmanager
 def removed_on_failure(run_dir: Path):
-    """If this invocation creates ``run_dir`` and then fails before the run holds a checkpoint, remove what it
-    created: a half-made run would make the corrected command be refused as 'a different recipe'."""
+    """If this invocation creates ``run_dir`` and then fails before training produced anything (a checkpoint
+    or a line of metrics), remove what it created: a half-made run would make the corrected command be
+    refused as 'a different recipe'. A run that trained and then failed (diverged) keeps its log."""
     created = None
     for p in (run_dir, *run_dir.parents):  # the outermost folder that does not exist yet
         if p.exists():
@@ -117,14 +118,15 @@ def removed_on_failure(run_dir: Path):
     try:
         yield
     except BaseException:
-        if created is not None and jax.process_index() == 0 and not has_checkpoint(run_dir):
+        if created is not None and jax.process_index() == 0 and not trained_anything(run_dir):
             shutil.rmtree(created, ignore_errors=True)
         raise
 
 
-def has_checkpoint(run_dir: Path) -> bool:
+def trained_anything(run_dir: Path) -> bool:
     d = run_dir / "checkpoints"
-    return d.is_dir() and any(p.name.isdigit() for p in d.iterdir())
+    has_checkpoint = d.is_dir() and any(p.name.isdigit() for p in d.iterdir())
+    return has_checkpoint or (run_dir / "metrics.jsonl").exists()
 
 
 def check_layout(recipe: Recipe) -> None:
