@@ -260,6 +260,29 @@ def test_battery_is_large_enough():
     assert len(CASES) >= 40
 
 
+def test_every_numeric_recipe_field_has_a_range():
+    """A new int/float recipe field needs a line in ssmlm.checks.FIELDS (its allowed values); every line there
+    names a real field."""
+    import dataclasses
+    import typing
+
+    from ssmlm.checks import FIELDS
+    from ssmlm.recipe import Recipe
+
+    def fields(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                yield from fields(tp, f"{prefix}{f.name}.")
+            else:
+                yield prefix + f.name, set(typing.get_args(tp) or (tp,))
+
+    everything = dict(fields(Recipe))
+    assert [k for k, types in everything.items() if {int, float} & types and k not in FIELDS] == []
+    assert [k for k in FIELDS if k not in everything] == []
+
+
 # ----------------------------------------------------------------------------- half-made runs
 
 
