@@ -11,10 +11,39 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-from ssmlm.errors import UserError
+from ssmlm import checks
+from ssmlm.errors import Interrupted, UserError
+
+# What Typer raises for a command-line mistake: Click's ClickException (recent Typer versions vendor Click).
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class OneLineErrors(TyperGroup):
+    """Command-line mistakes (unknown option, missing or malformed value) as one line, like every other user
+    error, instead of Click's usage text and framed box."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except _CLICK_ERROR as e:
+            msg = e.format_message().strip().rstrip(".")
+            if msg:  # (none when no arguments asked for the help, which is already printed)
+                ctx = getattr(e, "ctx", None)
+                _err(msg + (f"; see '{ctx.command_path} --help'" if ctx is not None else ""))
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            _err("aborted")
+            sys.exit(130)
+        # Outside standalone mode Click returns a command's exit code (typer.Exit) instead of exiting with it.
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -49,8 +78,6 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ssmlm.train.loop import Interrupted
-
         try:
             return fn(*args, **kwargs)
         except Interrupted as e:
@@ -74,6 +101,11 @@ def _load(recipe: str | None, overrides: list[str] | None, default: str):
 
 def _run_dir(recipe, name: str | None) -> Path:
     return Path(recipe.train.out_dir) / (name or recipe.name)
+
+
+def _check_training_options(name: str | None, stop_after: int | None) -> None:
+    checks.option("--name", name, checks.RUN_NAME)
+    checks.option("--stop-after", stop_after, checks.POSITIVE)
 
 
 def _print_plan(p: dict) -> None:
@@ -128,10 +160,11 @@ def preprocess(
 
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """
+    r = _load(recipe, set_, "default")
+    checks.inputs(r)
     from ssmlm.data.preprocess import preprocess as run_preprocess
     from ssmlm.data.preprocess import read_metadata
 
-    r = _load(recipe, set_, "default")
     out = run_preprocess(r.data, r.seq_len, quiet=quiet)
     meta = read_metadata(out)
     typer.echo(
@@ -158,6 +191,8 @@ def pretrain(
     Example: ssmlm pretrain recipes/bigs_full.yaml
     """
     r = _load(recipe, set_, "default")
+    _check_training_options(name, stop_after)
+    checks.inputs(r)
     if dry_run:
         from ssmlm.train.plan import plan
 
@@ -184,12 +219,17 @@ def extend_length(
 
     Example: ssmlm extend-length recipes/bigs_512.yaml --from runs/bigs_full
     """
-    from ssmlm.train.stages import pretrain as run_pretrain
-
     r = _load(recipe, set_, "default_extend")
+    _check_training_options(name, stop_after)
     if from_:
         r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=from_))
-    src = Path(r.train.init_from or "")
+    if not r.train.init_from:
+        raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
+    checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
+    checks.inputs(r, tokenizer=False)  # the tokenizer is the source run's
+    from ssmlm.train.stages import pretrain as run_pretrain
+
+    src = Path(r.train.init_from)
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
     summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
@@ -217,6 +257,10 @@ ValFileOpt = Annotated[str | None, typer.Option("--validation-file", help="Local
 FieldsOpt = Annotated[str | None, typer.Option("--text-fields", help="Text column(s), comma-separated (one or two).")]
 LabelOpt = Annotated[str | None, typer.Option("--label-field", help="Label column.")]
 NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Number of classes; 1 = regression.")]
+TEXT_FIELDS = checks.Rule(
+    lambda v: 1 <= len([f for f in v.split(",") if f.strip()]) == len(v.split(",")) <= 2,
+    "one or two comma-separated column names",
+)
 DataDirOpt = Annotated[
     str | None,
     typer.Option("--data-dir", help="Task files in their original layout (GLUE TSVs, SQuAD JSON, SCROLLS JSONL)."),
@@ -258,23 +302,31 @@ def finetune(
 
     Example: ssmlm finetune --ckpt runs/default --task builtin-order
     """
-    from ssmlm.train.stages import finetune as run_finetune
-
     ckpt = init_from or ckpt
     if not ckpt:
         raise UserError("finetune needs a checkpoint: pass --ckpt RUN_DIR (or --init-from FINETUNED_RUN)")
     r = _load(recipe, set_, "finetune_default")
+    _check_training_options(name, stop_after)
+    seed_list = checks.seeds(seeds) or [None]
+    checks.option("--num-labels", num_labels, checks.POSITIVE)
+    checks.option("--text-fields", text_fields, TEXT_FIELDS)
+    checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
     r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir)
+    checks.inputs(r, data=False)  # the corpus and tokenizer are the source run's
+    from ssmlm.data.tasks import get_task
+
+    if r.task.name:
+        get_task(r.task.name)  # an unknown task name is reported before the slow imports
     if dry_run:
-        from ssmlm.data.tasks import get_task
         from ssmlm.train.plan import plan_finetune
 
         k = r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
         return _print_plan(plan_finetune(r, ckpt, k))
+    from ssmlm.train.stages import finetune as run_finetune
+
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
     base_name = name or f"{Path(ckpt).name}-{task_name}"
-    seed_list = [int(x) for x in seeds.split(",")] if seeds else [None]
     results = []
     for seed in seed_list:
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
@@ -331,6 +383,11 @@ def evaluate(
 
     Example: ssmlm evaluate --ckpt runs/default-builtin-order
     """
+    checks.option("--batch-size", batch_size, checks.POSITIVE)
+    checks.run_dir(ckpt, "--ckpt")
+    for opt, path in (("--validation-file", validation_file), ("--data-dir", data_dir)):
+        if path and not Path(path).expanduser().exists():
+            raise UserError(f"{opt} '{path}': no such file or directory")
     from rich.console import Console
     from rich.table import Table
 
@@ -398,6 +455,8 @@ def analyze_kernels(
 
     Example: ssmlm analyze kernels --ckpt runs/default
     """
+    checks.option("--window", window, checks.POSITIVE)
+    checks.run_dir(ckpt, "--ckpt")
     from ssmlm.analyze.kernels import analyze_kernels as run_kernels
     from ssmlm.train.stages import open_run
 

@@ -15,3 +15,8 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     pass
+
+
+class Interrupted(UserError):
+    """Ctrl-C during training: a checkpoint was written; re-running the command resumes. Lives here, not in the
+    training loop, so that the CLI can catch it without importing jax."""

@@ -1,8 +1,9 @@
 """Recipes: YAML files that load into typed, frozen config objects.
 
 A recipe is plain data. Loading goes: safe-load YAML -> merge over its ``base:`` chain -> apply
-``--set a.b=value`` overrides -> validate into dataclasses. Defaults live in exactly one place,
-the dataclasses; validation errors name the file, the dotted key and what was expected.
+``--set a.b=value`` overrides -> validate into dataclasses -> check value ranges (ssmlm.checks). Defaults
+live in exactly one place, the dataclasses; validation errors name the file, the dotted key and what was
+expected.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from ssmlm.checks import validate
 from ssmlm.errors import RecipeError
 
 # ----------------------------------------------------------------------------- sections
@@ -213,17 +215,30 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise RecipeError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    if data is None:
-        return {}
+        raise RecipeError(f"{path}: not valid YAML{_yaml_where(e, text)}: {getattr(e, 'problem', e)}") from None
+    if data is None:  # an empty file would otherwise silently be the paper's full-size configuration
+        raise RecipeError(f"{path}: the recipe is empty; start one with e.g. 'base: default'")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _yaml_where(e: yaml.YAMLError, text: str) -> str:
+    """The line of a YAML error. PyYAML marks where it noticed the problem; at the end of the file (an
+    unclosed bracket or quote) that is past the last line, and the opening (context_mark) is the useful one."""
+    problem, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+    if problem is None:
+        return ""
+    last = max(len(text.splitlines()), 1)
+    if problem.line + 1 > last or problem.index >= len(text.rstrip()):
+        if context is not None:
+            return f" (line {context.line + 1}, left open)"
+        return f" (line {last})"
+    return f" (line {problem.line + 1})"
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -258,7 +273,11 @@ def load_raw(
     if base is not None:
         if not isinstance(base, str):
             raise RecipeError(f"{path}: 'base' must be a recipe name or path, got {base!r}")
-        data = _merge(load_raw(base, _seen + (path,), path.parent, origins), own)
+        try:
+            base_path = resolve_path(base, path.parent)
+        except RecipeError as e:  # name the recipe holding the 'base:' line, not only the missing file
+            raise RecipeError(f"{path}: base: {e}") from None
+        data = _merge(load_raw(base_path, _seen + (path,), path.parent, origins), own)
     _record_origins(own, str(path), origins)  # after the base's, so this file's keys win
     data["name"] = own.get("name") or path.stem  # a variant is named after its own file, not its base
     return data
@@ -282,7 +301,9 @@ def apply_overrides(data: dict, overrides: list[str], origins: dict | None = Non
         if origins is not None:
             origins[".".join(keys)] = "--set"
         node = data
-        for k in keys[:-1]:
+        for i, k in enumerate(keys[:-1]):
+            if origins is not None and k not in node:  # a section no file mentions: the mistake is on the command line
+                origins[".".join(keys[: i + 1])] = "--set"
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise RecipeError(f"--set '{text}': '{k}' is not a section")
@@ -295,7 +316,10 @@ def load_recipe(ref: str | Path | None, overrides: list[str] | None = None, defa
     ref = ref if ref is not None else default
     origins: dict[str, str] = {}
     raw = apply_overrides(load_raw(ref, origins=origins), overrides or [], origins)
-    return from_dict(Recipe, raw, Origins(str(resolve_path(str(ref))), origins))
+    source = Origins(str(resolve_path(str(ref))), origins)
+    recipe = from_dict(Recipe, raw, source)
+    validate(recipe, source)  # ranges and cross-field rules (ssmlm.checks), before anything is read or written
+    return recipe
 
 
 class Origins(str):

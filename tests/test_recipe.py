@@ -132,10 +132,17 @@ def test_base_by_shipped_name(tmp_path):
     assert r.model.num_layers == d.model.num_layers and r.train == d.train and r.data == d.data
 
 
-def test_empty_recipe_gives_defaults_and_file_stem(tmp_path):
-    r = load_recipe(str(write(tmp_path / "empty.yaml", "")))
-    assert r.name == "empty"
-    assert r.model == ModelConfig() and r.data == DataConfig() and r.train == TrainConfig()
+def test_empty_recipe_is_an_error(tmp_path):
+    # it would otherwise silently be the paper's full-size configuration
+    for text in ("", "# only a comment\n"):
+        msg = error(str(write(tmp_path / "empty.yaml", text)))
+        assert str(tmp_path / "empty.yaml") in msg and "empty" in msg
+
+
+def test_minimal_recipe_gets_defaults_and_file_stem(tmp_path):
+    r = load_recipe(str(write(tmp_path / "small.yaml", "train: {steps: 5}\n")))
+    assert r.name == "small" and r.train.steps == 5
+    assert r.model == ModelConfig() and r.data == DataConfig()
 
 
 def test_inheriting_recipe_is_named_after_its_own_file(tmp_path):

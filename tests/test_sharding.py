@@ -77,7 +77,10 @@ def test_checkpoints_move_between_device_counts(recipe, tmp_path):
 
 def test_mesh_errors(recipe, tmp_path):
     os.chdir(tmp_path)
-    r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=3"])
+    r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=2"])
     assert r.exit_code == 2 and "does not use the 1 devices" in r.output
+    assert not (tmp_path / "runs").exists()  # found before the run directory is written
+    r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=3"])  # the batch of 8 cannot split 3 ways
+    assert r.exit_code == 2 and "'train.batch_size' = 8: expected a multiple of" in r.output
     r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=-1", "--set", "mesh.fsdp=-1"])
-    assert r.exit_code == 2 and "at most one axis may be -1" in r.output
+    assert r.exit_code == 2 and "at most one axis to be -1" in r.output

@@ -57,7 +57,7 @@ def test_gradient_accumulation_matches_the_whole_batch(recipe, tmp_path):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
     r = train(recipe, "bad", "train.grad_accum=3")
-    assert r.exit_code == 2 and "not divisible by train.grad_accum" in r.output
+    assert r.exit_code == 2 and "'train.batch_size' = 8: expected a multiple of train.grad_accum = 3" in r.output
 
 
 def test_ssm_parameter_group():

@@ -63,13 +63,16 @@ def read_scrolls(path: str | Path, split: str = "validation") -> list[dict]:
 
 def scrolls_from_hub(name: str, split: str) -> list[dict]:
     """tau/scrolls {name}.zip from the hub (or its cache); a one-line DataError when it cannot be had."""
+    from ssmlm.data.hub import offline_reason
+
+    offline = offline_reason()  # offline, huggingface_hub only looks in its cache: no retries
     try:
         from huggingface_hub import hf_hub_download
 
         zip_path = hf_hub_download("tau/scrolls", f"{name}.zip", repo_type="dataset")
     except Exception as e:
         raise DataError(
-            f"could not fetch tau/scrolls {name}.zip ({type(e).__name__}); download it and pass the "
+            f"could not fetch tau/scrolls {name}.zip ({offline or type(e).__name__}); download it and pass the "
             f"zip or its {split}.jsonl instead"
         ) from None
     return read_scrolls(zip_path, split)

@@ -7,8 +7,11 @@ the text would (so preprocessing can be reused safely).
 from __future__ import annotations
 
 import ast
+import contextlib
 import glob
 import hashlib
+import json
+import logging
 import os
 import sys
 import sysconfig
@@ -103,16 +106,102 @@ def _expand(source: str) -> list[Path]:
     return files
 
 
+def check_source(source: str) -> None:
+    """That ``data.source`` names something that can exist, without reading it (fast, before any import)."""
+    if source == "builtin":
+        return
+    if source.startswith("hub:"):
+        if not source.split(":")[1]:
+            raise DataError(f"data.source '{source}': expected hub:NAME[:CONFIG], e.g. hub:wikitext:wikitext-2-raw-v1")
+        return
+    _expand(source)
+
+
+def json_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of a .jsonl file, or of a .json file holding JSON lines or one list of objects.
+    Read here rather than by `datasets`, whose errors name neither the file nor the line."""
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            first = f.read(4096).lstrip()
+            f.seek(0)
+            if path.suffix == ".json" and first.startswith("["):
+                try:
+                    items = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+                for i, item in enumerate(items):
+                    if not isinstance(item, dict):
+                        raise DataError(f"{path}: item {i}: expected a JSON object, got {type(item).__name__}")
+                    yield 0, item
+                return
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {n}: not valid JSON ({e.msg}, column {e.colno})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}: line {n}: expected a JSON object, got {type(row).__name__}")
+                yield n, row
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """Silence `datasets`' log lines and progress bars: a failure is reported once, by us, in one line."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield datasets
+    finally:
+        log.setLevel(level)
+
+
+def root_cause(e: BaseException) -> str:
+    """The first line of the innermost exception (`datasets` wraps the useful one in a generic one)."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]
+
+
+def load_table(path: Path, kind: str, **kwargs):
+    """A csv/parquet file through `datasets`; a bad file is a DataError naming it and the underlying reason."""
+    with quiet_datasets() as datasets:
+        try:
+            return datasets.load_dataset(kind, data_files=str(path), split="train", **kwargs)
+        except Exception as e:  # datasets raises many types for malformed files
+            raise DataError(f"{path}: could not be read as {path.suffix[1:]}: {root_cause(e)}") from None
+
+
+def _text(value, where: str, field: str) -> Document | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DataError(f"{where}: column '{field}' holds {type(value).__name__}, expected text")
+    return [ln.strip() for ln in value.splitlines() if ln.strip()] or None
+
+
 def _rows_to_documents(texts: Iterator, where: str, field: str) -> list[Document]:
-    docs = []
-    for t in texts:
-        if t is None:
-            continue
-        if not isinstance(t, str):
-            raise DataError(f"{where}: column '{field}' holds {type(t).__name__}, expected text")
-        lines = [ln.strip() for ln in t.splitlines() if ln.strip()]
-        if lines:
-            docs.append(lines)
+    return [doc for t in texts if (doc := _text(t, where, field))]
+
+
+def _json_documents(f: Path, field: str) -> list[Document]:
+    docs, seen = [], None
+    for n, row in json_rows(f):
+        if field in row:
+            seen = True
+            if doc := _text(row[field], f"{f}: line {n}" if n else str(f), field):
+                docs.append(doc)
+        elif seen is None:
+            seen = list(row)
+    if seen is not True:
+        raise DataError(f"{f}: no field '{field}' (data.text_field); fields: {seen or []}")
     return docs
 
 
@@ -133,15 +222,13 @@ def local_corpus(source: str, text_field: str, max_documents: int | None) -> Cor
             if lines:
                 docs.append(lines)
             continue
-        import datasets
-
-        try:
-            ds = datasets.load_dataset(LOCAL_SUFFIXES[f.suffix], data_files=str(f), split="train")
-        except Exception as e:  # datasets raises many types for malformed files
-            raise DataError(f"{f}: could not be read as {f.suffix[1:]}: {str(e).splitlines()[0]}") from None
-        if text_field not in ds.column_names:
-            raise DataError(f"{f}: no column '{text_field}' (data.text_field); columns: {ds.column_names}")
-        docs.extend(_rows_to_documents(ds[text_field], str(f), text_field))
+        if LOCAL_SUFFIXES[f.suffix] == "json":
+            docs.extend(_json_documents(f, text_field))
+        else:
+            ds = load_table(f, LOCAL_SUFFIXES[f.suffix])
+            if text_field not in ds.column_names:
+                raise DataError(f"{f}: no column '{text_field}' (data.text_field); columns: {ds.column_names}")
+            docs.extend(_rows_to_documents(ds[text_field], str(f), text_field))
         if max_documents and len(docs) >= max_documents:
             break
     if not docs:
@@ -156,17 +243,18 @@ def hub_corpus(spec: str, text_field: str, split: str, max_documents: int | None
     """``hub:NAME[:CONFIG]``, e.g. hub:wikitext:wikitext-103-raw-v1. Needs the network (or the HF cache)."""
     parts = spec.split(":")
     name, config = parts[1], (parts[2] if len(parts) > 2 else None)
-    import datasets
+    from ssmlm.data.hub import offline_reason
 
-    try:
-        ds = datasets.load_dataset(name, config, split=split)
-    except Exception as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        why = "offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if offline else str(e).splitlines()[0]
-        raise DataError(
-            f"data.source '{spec}': could not load hub dataset '{name}' ({why}); "
-            "download it when online or point data.source at local files"
-        ) from None
+    offline = offline_reason()  # before datasets is imported: offline, it only looks in its cache (no retries)
+    with quiet_datasets() as datasets:
+        try:
+            ds = datasets.load_dataset(name, config, split=split)
+        except Exception as e:
+            why = offline or str(e).splitlines()[0]
+            raise DataError(
+                f"data.source '{spec}': could not load hub dataset '{name}' ({why}); "
+                "download it when online or point data.source at local files"
+            ) from None
     if text_field not in ds.column_names:
         raise DataError(f"hub dataset '{name}': no column '{text_field}' (data.text_field); columns: {ds.column_names}")
     if max_documents:

@@ -11,7 +11,6 @@ Windows start every ``doc_stride`` context tokens (BERT's run_squad.py conventio
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,17 +62,19 @@ def read_squad_json(path: str | Path) -> list[dict]:
 
 def squad_from_hub(version_2: bool, split: str) -> list[dict]:
     """rajpurkar/squad(_v2) from the hub (or its local cache); a one-line DataError when unavailable."""
-    import datasets
+    from ssmlm.data.hub import offline_reason
+    from ssmlm.data.sources import quiet_datasets
 
     name = "rajpurkar/squad_v2" if version_2 else "rajpurkar/squad"
-    try:
-        return datasets.load_dataset(name, split=split).to_list()
-    except Exception as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        why = "offline" if offline else str(e).splitlines()[0][:120]
-        raise DataError(
-            f"could not load {name} ({split}) from the hub ({why}); pass the official JSON file instead"
-        ) from None
+    offline = offline_reason()  # offline, datasets only looks in its cache: no retries
+    with quiet_datasets() as datasets:
+        try:
+            return datasets.load_dataset(name, split=split).to_list()
+        except Exception as e:
+            why = offline or str(e).splitlines()[0][:120]
+            raise DataError(
+                f"could not load {name} ({split}) from the hub ({why}); pass the official JSON file instead"
+            ) from None
 
 
 @contextmanager

@@ -7,7 +7,6 @@ Every task loads into the same shape: per split, a list of text columns and a la
 from __future__ import annotations
 
 import difflib
-import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -154,36 +153,38 @@ def builtin_task(name: str, n_train: int = 2000, n_validation: int = 500, seed: 
 
 
 def _read_local(path: str, where: str) -> dict[str, list]:
+    from ssmlm.data.sources import json_rows, load_table
+
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataError(f"{where} '{path}': no such file")
     kind = LOCAL_KINDS.get(p.suffix)
     if kind is None:
         raise DataError(f"{where} '{path}': unsupported file type; expected one of {sorted(LOCAL_KINDS)}")
-    import datasets
-
+    if kind == "json":  # read here, so that a malformed row is reported with its line
+        rows = [row for _, row in json_rows(p)]
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        return {k: [row.get(k) for row in rows] for k in keys}
     kw = {"delimiter": "\t", "quoting": 3} if p.suffix == ".tsv" else {}
-    try:
-        ds = datasets.load_dataset(kind, data_files=str(p), split="train", **kw)
-    except Exception as e:
-        raise DataError(f"{p}: could not be read as {p.suffix[1:]}: {str(e).splitlines()[0]}") from None
-    return ds.to_dict()
+    return load_table(p, kind, **kw).to_dict()
 
 
 def _read_hub(td: TaskDef, split: str) -> dict[str, list]:
-    import datasets
+    from ssmlm.data.hub import offline_reason
+    from ssmlm.data.sources import quiet_datasets
 
-    try:
-        ds = datasets.load_dataset(td.hub[0], td.hub[1], split=td.splits[split])
-    except Exception as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        why = "offline" if offline else str(e).splitlines()[0][:120]
-        raise DataError(
-            f"task {td.name}: could not load {td.hub[0]}/{td.hub[1]} from the hub ({why}); put the files "
-            f"locally and pass --data-dir DIR (the benchmark's own layout, e.g. GLUE's {td.name.upper()}/train.tsv) "
-            f"or --train-file/--validation-file (csv/tsv/jsonl with columns "
-            f"{', '.join(td.text_fields)}, {td.label_field})"
-        ) from None
+    offline = offline_reason()  # offline, datasets only looks in its cache: no retries
+    with quiet_datasets() as datasets:
+        try:
+            ds = datasets.load_dataset(td.hub[0], td.hub[1], split=td.splits[split])
+        except Exception as e:
+            why = offline or str(e).splitlines()[0][:120]
+            raise DataError(
+                f"task {td.name}: could not load {td.hub[0]}/{td.hub[1]} from the hub ({why}); put the files locally "
+                f"and pass --data-dir DIR (the benchmark's own layout, e.g. GLUE's {td.name.upper()}/train.tsv) "
+                f"or --train-file/--validation-file (csv/tsv/jsonl with columns "
+                f"{', '.join(td.text_fields)}, {td.label_field})"
+            ) from None
     return ds.to_dict()
 
 

@@ -37,7 +37,6 @@ max_position_embeddings to reproduce the official outputs exactly (the backward 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -106,18 +105,13 @@ def _download(name: str) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(
             f"hub:{name}: downloading needs the huggingface_hub package (pip install huggingface_hub)"
         ) from None
+    from ssmlm.data.hub import offline_reason
+
+    offline = offline_reason()  # offline, huggingface_hub only looks in its cache: no retries
     try:
         path = snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES)
     except Exception as e:  # offline, unknown repo, no access, network: all one line for the user
-        from huggingface_hub import constants
-
-        offline = bool(getattr(constants, "HF_HUB_OFFLINE", False)) or os.environ.get("HF_HUB_OFFLINE", "") in (
-            "1",
-            "true",
-            "ON",
-            "YES",
-        )
-        why = "offline (HF_HUB_OFFLINE is set) and not in the local cache" if offline else _first_line(e)
+        why = f"{offline}, and not in the local cache" if offline else _first_line(e)
         raise CheckpointError(
             f"hub:{name}: could not download the checkpoint ({type(e).__name__}: {why}); download "
             f"{CONFIG_FILE}, {WEIGHTS_FILE} and vocab.txt by hand and pass their directory"

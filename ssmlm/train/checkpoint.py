@@ -3,10 +3,20 @@ metrics). Saves are asynchronous and committed atomically (Orbax writes to a tem
 renames it), so an interrupted save never becomes the latest checkpoint.
 
 Layout: RUN/checkpoints/<step>/{params, opt_state, meta}.
+
+A checkpoint damaged after the fact (truncated files, an emptied directory, missing items, shapes that do
+not fit) is reported in one line and the next older one is used. A broken checkpoint is never deleted:
+read-only commands leave it where it is; a resumed run moves it to RUN/broken-checkpoints/ so that
+training can write that step again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -14,6 +24,67 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from ssmlm.errors import CheckpointError
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax logs its own ERROR/WARNING lines (through absl) for a damaged checkpoint; we report it in one."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _reason(e: BaseException) -> str:
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:160]
+    if isinstance(e, CheckpointError):  # our own words need no type name
+        return line
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def _key(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def check_shapes(step_dir: Path, item: str, abstract) -> None:
+    """Compare stored array shapes with the model's before restoring. Orbax reads arrays asynchronously and
+    finds a mismatch mid-read, after which its pending reads fail noisily on a closed event loop."""
+    stored = ocp.StandardCheckpointHandler().metadata(step_dir / item)
+    have = {_key(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(stored)[0] if hasattr(m, "shape")}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+        key = _key(path)
+        if key in have and have[key] != tuple(leaf.shape):
+            raise CheckpointError(f"does not fit the model: {item} {key} has shape {have[key]}, the model {leaf.shape}")
+
+
+def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], object], on_broken=None):
+    """``restore(step)`` for the newest step that restores, with a one-line warning for each newer one that
+    does not; ``on_broken(step)`` may move a broken one aside (and returns where to, for the warning).
+    Returns (step, result); a CheckpointError when no step is usable."""
+    failed: list[tuple[int, str]] = []
+    for step in sorted(steps, reverse=True):
+        try:
+            with _quiet_orbax():
+                result = restore(step)
+        except Exception as e:  # Orbax, tensorstore and json raise many types for a damaged checkpoint
+            failed.append((step, _reason(e)))
+            continue
+        for bad, why in failed:
+            moved = on_broken(bad) if on_broken else None
+            where = f"; moved to {moved}" if moved else ""
+            print(f"warning: checkpoint {bad} in {run_dir} is unreadable ({why}){where}; using step {step}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return step, result
+    if not failed:
+        raise CheckpointError(f"{run_dir}: holds no complete checkpoint")
+    by_reason: dict[str, list[str]] = {}
+    for s, why in failed:
+        by_reason.setdefault(why, []).append(str(s))
+    tried = "; ".join(f"{'steps' if len(s) > 1 else 'step'} {', '.join(s)}: {why}" for why, s in by_reason.items())
+    raise CheckpointError(f"{run_dir}: no usable checkpoint ({tried})")
 
 
 class Checkpoints:
@@ -34,7 +105,8 @@ class Checkpoints:
                 ]
             )
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
-        self.mgr = ocp.CheckpointManager(self.dir, options=opts)
+        with _quiet_orbax():  # it reads every step's metadata; a damaged one is reported by restore_newest
+            self.mgr = ocp.CheckpointManager(self.dir, options=opts)
 
     def latest_step(self) -> int | None:
         return self.mgr.latest_step()
@@ -52,6 +124,8 @@ class Checkpoints:
         return self.mgr.best_step() if self.best else None
 
     def restore(self, step: int, abstract_params, abstract_opt_state):
+        check_shapes(self.dir / str(step), "params", abstract_params)
+        check_shapes(self.dir / str(step), "opt_state", abstract_opt_state)
         r = self.mgr.restore(
             step,
             args=ocp.args.Composite(
@@ -60,7 +134,33 @@ class Checkpoints:
                 meta=ocp.args.JsonRestore(),
             ),
         )
+        if not isinstance(r.meta, dict) or "step" not in r.meta:
+            raise CheckpointError("its manifest has no step")
         return r.params, r.opt_state, r.meta
+
+    def restore_newest(self, abstract_params, abstract_opt_state):
+        """(step, (params, opt_state, meta)) of the newest checkpoint that restores, or None when there is none.
+        Newer broken ones are moved to RUN/broken-checkpoints/ (kept, not deleted), so training can save
+        those steps again."""
+        steps = list(self.mgr.all_steps())
+        if not steps:
+            return None
+        restore = lambda step: self.restore(step, abstract_params, abstract_opt_state)  # noqa: E731
+        step, result = restore_newest(self.dir.parent, steps, restore, self._set_aside)
+        self.mgr.reload()  # forget the steps just moved away
+        return step, result
+
+    def _set_aside(self, step: int) -> Path | None:
+        if jax.process_index() != 0:  # one process moves it, on a shared file system
+            return None
+        dest_root = self.dir.parent / "broken-checkpoints"
+        dest_root.mkdir(exist_ok=True)
+        dest = dest_root / str(step)
+        n = 1
+        while dest.exists():  # the same step may break again on a later attempt
+            dest, n = dest_root / f"{step}.{n}", n + 1
+        shutil.move(str(self.dir / str(step)), dest)
+        return dest
 
     def wait(self) -> None:
         self.mgr.wait_until_finished()
@@ -71,7 +171,8 @@ class Checkpoints:
 
 
 def load_params(run_dir: Path, abstract_params, step: int | None = None):
-    """Parameters (and the manifest) of a run's newest (or given) checkpoint, without optimizer state."""
+    """Parameters (and the manifest) of a run's newest usable (or given) checkpoint, without optimizer state.
+    Nothing is moved or written: a broken newer checkpoint is reported and skipped."""
     ckpt_dir = (Path(run_dir) / "checkpoints").resolve()
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no checkpoints/ directory; is this an ssmlm run directory?")
@@ -81,15 +182,17 @@ def load_params(run_dir: Path, abstract_params, step: int | None = None):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or device),
         abstract_params,
     )
-    with ocp.CheckpointManager(ckpt_dir) as mgr:
-        step = step if step is not None else mgr.latest_step()
-        if step is None:
-            raise CheckpointError(f"{run_dir}: holds no complete checkpoint")
-        try:
-            r = mgr.restore(
-                step,
-                args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()),
-            )
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"{run_dir}: checkpoint {step} does not fit the model: {str(e)[:200]}") from None
+    args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
+
+    with _quiet_orbax(), ocp.CheckpointManager(ckpt_dir) as mgr:
+
+        def restore(s: int):
+            check_shapes(ckpt_dir / str(s), "params", abstract_params)
+            r = mgr.restore(s, args=args)
+            if not isinstance(r.meta, dict) or "step" not in r.meta:
+                raise CheckpointError("its manifest has no step")
+            return r
+
+        steps = [step] if step is not None else list(mgr.all_steps())
+        _, r = restore_newest(Path(run_dir), steps, restore)
     return r.params, r.meta

@@ -23,16 +23,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ssmlm.errors import UserError
+from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
 from ssmlm.train.checkpoint import Checkpoints
 from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
 from ssmlm.train.optim import make_optimizer
-
-
-class Interrupted(UserError):
-    """Ctrl-C during training: a checkpoint was written; re-running the command resumes."""
 
 
 @dataclass
@@ -176,13 +172,18 @@ def run(
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
     start = 0
     last: dict[str, float] = {}
-    latest = ckpt.latest_step()
-    if latest is not None:
-        # Abstract targets carry this run's shardings, so a checkpoint from another mesh reshards on load.
-        target = lambda tree, sh: jax.tree.map(  # noqa: E731
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
-        )
-        params, opt_state, meta = ckpt.restore(latest, target(params, p_sh), target(opt_state, o_sh))
+    # Abstract targets carry this run's shardings, so a checkpoint from another mesh reshards on load.
+    target = lambda tree, sh: jax.tree.map(  # noqa: E731
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
+    )
+    try:
+        restored = ckpt.restore_newest(target(params, p_sh), target(opt_state, o_sh))
+    except UserError:
+        ckpt.close()
+        raise
+    latest = restored[0] if restored else None
+    if restored:
+        params, opt_state, meta = restored[1]
         start = int(meta["step"])
         last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
         log.truncate_after(start)

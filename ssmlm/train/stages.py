@@ -11,6 +11,7 @@ A run directory holds everything needed to continue from it or build on it:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -33,7 +34,7 @@ from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.train import downstream, loop
 from ssmlm.train.checkpoint import load_params
-from ssmlm.train.mesh import barrier, maybe_initialize_distributed
+from ssmlm.train.mesh import barrier, check_batch, make_mesh, maybe_initialize_distributed
 
 # ----------------------------------------------------------------------------- run directories
 
@@ -73,8 +74,12 @@ def open_run(path: str | Path) -> Run:
     d = Path(path).expanduser()
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
-    recipe = from_dict(Recipe, yaml.safe_load((d / "recipe.yaml").read_text()), str(d / "recipe.yaml"))
-    return Run(d, recipe, json.loads((d / "run.json").read_text()))
+    try:
+        recipe = from_dict(Recipe, yaml.safe_load((d / "recipe.yaml").read_text()), str(d / "recipe.yaml"))
+        info = json.loads((d / "run.json").read_text())
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: damaged run directory: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return Run(d, recipe, info)
 
 
 def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
@@ -98,6 +103,35 @@ def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(rpath, recipe.to_yaml())
     _atomic_write(run_dir / "run.json", json.dumps(info, indent=2))
+
+
+@contextlib.contextmanager
+def removed_on_failure(run_dir: Path):
+    """If this invocation creates ``run_dir`` and then fails before training produced anything (a checkpoint
+    or a line of metrics), remove what it created: a half-made run would make the corrected command be
+    refused as 'a different recipe'. A run that trained and then failed (diverged) keeps its log."""
+    created = None
+    for p in (run_dir, *run_dir.parents):  # the outermost folder that does not exist yet
+        if p.exists():
+            break
+        created = p
+    try:
+        yield
+    except BaseException:
+        if created is not None and jax.process_index() == 0 and not trained_anything(run_dir):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def trained_anything(run_dir: Path) -> bool:
+    d = run_dir / "checkpoints"
+    has_checkpoint = d.is_dir() and any(p.name.isdigit() for p in d.iterdir())
+    return has_checkpoint or (run_dir / "metrics.jsonl").exists()
+
+
+def check_layout(recipe: Recipe) -> None:
+    """The batch splits over this machine's devices as the mesh asks (known only once jax sees the devices)."""
+    check_batch(recipe.train.batch_size // recipe.train.grad_accum, make_mesh(recipe.mesh))
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> str:
@@ -258,39 +292,42 @@ def pretrain(
         data_dir = preprocess(data_cfg, seq_len, quiet=True)
     meta = read_metadata(data_dir)
     recipe = dataclasses.replace(recipe, model=with_vocab(recipe.model, meta["vocab_size"]))
-    if jax.process_index() == 0:
-        prepare_run_dir(
-            run_dir, recipe, {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None}
-        )
-        shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
-    barrier("run-dir")
 
+    # Everything that can fail on the data or the model is tried before the run directory is written.
     model = build_mlm(recipe.model, seed=recipe.train.seed)
     if source is not None:
         src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
         report = transplant(model, src_params, recipe.train.position_init, extend_hook(recipe.model.arch))
         console.print(f"initialised from {source.dir}: {report}")
     batches = Batches(load_split(data_dir, "train"), recipe.train.batch_size, recipe.train.seed, _process_shard())
-    stage = loop.Stage(
-        kind=kind,
-        model=model,
-        loss_fn=mlm_loss,
-        batches=batches,
-        total_steps=recipe.train.steps,
-        tokens_per_step=recipe.train.batch_size * seq_len,
-        eval_fn=mlm_eval,
-        eval_data=mlm_eval_data(data_dir, recipe),
-        score=mlm_score,
-        meta={
-            "data_dir": str(data_dir),
-            "data_fingerprint": meta["fingerprint"],
-            "max_predictions": meta["max_predictions"],
-            "fill_rate": meta.get("fill_rate"),  # real tokens / slots of the training rows
-            "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
-            "steps_per_epoch": batches.steps_per_epoch,
-        },  # fmt: skip
-    )
-    summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
+    check_layout(recipe)
+
+    with removed_on_failure(run_dir):
+        if jax.process_index() == 0:
+            info = {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None}
+            prepare_run_dir(run_dir, recipe, info)
+            shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
+        barrier("run-dir")
+        stage = loop.Stage(
+            kind=kind,
+            model=model,
+            loss_fn=mlm_loss,
+            batches=batches,
+            total_steps=recipe.train.steps,
+            tokens_per_step=recipe.train.batch_size * seq_len,
+            eval_fn=mlm_eval,
+            eval_data=mlm_eval_data(data_dir, recipe),
+            score=mlm_score,
+            meta={
+                "data_dir": str(data_dir),
+                "data_fingerprint": meta["fingerprint"],
+                "max_predictions": meta["max_predictions"],
+                "fill_rate": meta.get("fill_rate"),  # real tokens / slots of the training rows
+                "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
+                "steps_per_epoch": batches.steps_per_epoch,
+            },  # fmt: skip
+        )
+        summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     from ssmlm.analyze.plots import plot_metrics
 
     if jax.process_index() == 0:
@@ -334,40 +371,48 @@ def finetune(recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int
     )  # fmt: skip
     info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "head": td.head,
             "num_labels": td.num_labels, "label_names": prep.label_names, "metrics": list(td.metrics)}  # fmt: skip
-    if jax.process_index() == 0:
-        prepare_run_dir(run_dir, recipe, info)
-        shutil.copyfile(source.dir / "tokenizer.json", run_dir / "tokenizer.json")
-    barrier("run-dir")
 
+    # Everything that can fail on the data or the model is tried before the run directory is written.
     head = downstream.HEADS[td.head]
     model = head.build(recipe.model, td.num_labels, recipe.train.seed)
     src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
     report = transplant(model, src_params)
     console.print(f"initialised from {source.dir}: {report}")
-
     arrays = prep.arrays
     batches = Batches(ArrayTable(arrays["train"]), recipe.train.batch_size, recipe.train.seed, _process_shard())
     epochs = recipe.train.epochs
     total = int(batches.steps_per_epoch * epochs) if epochs else recipe.train.steps
-    has_val = "validation" in arrays
-    stage = loop.Stage(
-        kind="finetune",
-        model=model,
-        loss_fn=head.loss,
-        batches=batches,
-        total_steps=total,
-        tokens_per_step=recipe.train.batch_size * max_len,
-        eval_fn=head.eval,
-        eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if has_val else None,
-        score=prep.scorers.get("validation"),
-        meta={
-            "task": td.name,
-            "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
-            "steps_per_epoch": batches.steps_per_epoch,
-        },  # fmt: skip
-        eval_also_every=batches.steps_per_epoch if epochs else 0,  # every N steps and at every epoch end
-    )
-    summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
+    if total < 1:
+        raise UserError(
+            f"train.epochs = {epochs}: gives no training step ({batches.steps_per_epoch} steps per epoch "
+            f"at train.batch_size = {recipe.train.batch_size})"
+        )
+    check_layout(recipe)
+
+    with removed_on_failure(run_dir):
+        if jax.process_index() == 0:
+            prepare_run_dir(run_dir, recipe, info)
+            shutil.copyfile(source.dir / "tokenizer.json", run_dir / "tokenizer.json")
+        barrier("run-dir")
+        has_val = "validation" in arrays
+        stage = loop.Stage(
+            kind="finetune",
+            model=model,
+            loss_fn=head.loss,
+            batches=batches,
+            total_steps=total,
+            tokens_per_step=recipe.train.batch_size * max_len,
+            eval_fn=head.eval,
+            eval_data=task_eval_data(arrays["validation"], recipe.train.batch_size) if has_val else None,
+            score=prep.scorers.get("validation"),
+            meta={
+                "task": td.name,
+                "tokenizer_sha256": _sha256(run_dir / "tokenizer.json"),
+                "steps_per_epoch": batches.steps_per_epoch,
+            },  # fmt: skip
+            eval_also_every=batches.steps_per_epoch if epochs else 0,  # every N steps and at every epoch end
+        )
+        summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     if jax.process_index() == 0:
         summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", td.selection)
         _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))

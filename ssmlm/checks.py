@@ -1,0 +1,244 @@
+"""Value checks: every numeric recipe field's range, the rules that tie fields together, and command-line options.
+
+The loader (ssmlm.recipe) checks types; this module checks values, in one table, before anything is read,
+built or written. Messages have the loader's shape, naming where the value came from:
+
+    <recipe file or --set>: '<dotted.key>' = <value>: expected <what>
+    --stop-after = -3: expected at least 1
+
+Nothing heavy is imported here, so a mistake is reported at once. A new recipe field gets a line in FIELDS
+(or in RELATIONS when it depends on another field).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ssmlm.errors import CheckpointError, RecipeError, UserError
+
+
+@dataclass(frozen=True)
+class Rule:
+    ok: Callable[[Any], bool]
+    expected: str
+
+    def holds(self, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False  # nan and inf pass comparisons such as > 0 (or fail them silently)
+        return self.ok(value)
+
+
+def at_least(n: int) -> Rule:
+    return Rule(lambda v: v >= n, f"at least {n}")
+
+
+def above(x: float) -> Rule:
+    return Rule(lambda v: v > x, f"more than {x:g}")
+
+
+def within(lo: float, hi: float, hi_open: bool = False) -> Rule:
+    if hi_open:
+        return Rule(lambda v: lo <= v < hi, f"a number in [{lo:g}, {hi:g})")
+    return Rule(lambda v: lo <= v <= hi, f"a number in [{lo:g}, {hi:g}]")
+
+
+POSITIVE = at_least(1)
+NON_NEGATIVE = at_least(0)
+FRACTION = within(0, 1)
+MESH_AXIS = Rule(lambda v: v == -1 or v >= 1, "-1 (every remaining device) or at least 1")
+NON_EMPTY = Rule(lambda v: bool(str(v).strip()), "a non-empty string")
+# A run name becomes one directory under train.out_dir: '' would be out_dir itself, 'a/b' or '..' another place.
+RUN_NAME = Rule(lambda v: v.strip() not in ("", ".", "..") and "/" not in v and "\\" not in v,
+                "a non-empty name without '/' (it names the run directory)")  # fmt: skip
+SEQ_LEN = Rule(lambda v: v >= 8, "at least 8 (room for [CLS], [SEP] and some text)")
+
+# dotted field -> allowed values (None always passes where the field allows it: it means "derive it").
+FIELDS: dict[str, Rule] = {
+    "name": RUN_NAME,
+    "model.vocab_size": POSITIVE,
+    "model.hidden_size": POSITIVE,
+    "model.num_layers": POSITIVE,
+    "model.intermediate_size": POSITIVE,
+    "model.max_seq_length": SEQ_LEN,
+    "model.num_ssm": POSITIVE,
+    "model.type_vocab_size": POSITIVE,
+    "model.dropout": within(0, 1, hi_open=True),
+    "model.layer_norm_eps": above(0),
+    "model.initializer_range": above(0),
+    "model.num_heads": POSITIVE,
+    "model.tiny_attention_size": POSITIVE,
+    "data.source": NON_EMPTY,
+    "data.text_field": NON_EMPTY,
+    "data.max_documents": POSITIVE,
+    "data.tokenizer": NON_EMPTY,
+    "data.vocab_size": POSITIVE,
+    "data.max_seq_length": SEQ_LEN,
+    "data.masked_lm_prob": Rule(lambda v: 0 < v <= 1, "a probability in (0, 1]"),
+    "data.max_predictions": POSITIVE,
+    "data.duplicate_factor": POSITIVE,
+    "data.short_seq_prob": FRACTION,
+    "data.validation_fraction": within(0, 1, hi_open=True),
+    "data.seed": NON_NEGATIVE,
+    "task.num_labels": POSITIVE,
+    "task.max_seq_length": SEQ_LEN,
+    "task.text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names"),
+    "train.steps": POSITIVE,
+    "train.epochs": above(0),
+    "train.batch_size": POSITIVE,
+    "train.learning_rate": above(0),
+    "train.warmup_steps": NON_NEGATIVE,
+    "train.warmup_ratio": FRACTION,
+    "train.end_lr_ratio": FRACTION,
+    "train.beta1": within(0, 1, hi_open=True),
+    "train.beta2": within(0, 1, hi_open=True),
+    "train.eps": above(0),
+    "train.weight_decay": Rule(lambda v: v >= 0, "at least 0"),
+    "train.grad_clip": Rule(lambda v: v >= 0, "at least 0 (0 = off)"),
+    "train.grad_accum": POSITIVE,
+    "train.ssm_lr_multiplier": Rule(lambda v: v >= 0, "at least 0"),
+    "train.max_skipped_steps": NON_NEGATIVE,
+    "train.seed": NON_NEGATIVE,
+    "train.log_every": POSITIVE,
+    "train.eval_every": Rule(lambda v: v >= 0, "at least 0 (0 = only at the end)"),
+    "train.eval_batches": Rule(lambda v: v >= 0, "at least 0 (0 = the whole validation split)"),
+    "train.checkpoint_every": Rule(lambda v: v >= 0, "at least 0 (0 = only at the end)"),
+    "train.keep_checkpoints": POSITIVE,
+    "train.peak_flops": above(0),
+    "train.out_dir": NON_EMPTY,
+    "mesh.data": MESH_AXIS,
+    "mesh.fsdp": MESH_AXIS,
+    "mesh.tensor": MESH_AXIS,
+}
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A rule over several fields; the message names ``keys[0]`` and says what it should be given the others."""
+
+    keys: tuple[str, ...]
+    applies: Callable[[Any], bool]
+    ok: Callable[[Any], bool]
+    expected: Callable[[Any], str]
+
+
+def _micro_ways(r) -> int:
+    """Ways the micro-batch is split over fixed mesh axes (-1 axes are only known once devices are)."""
+    return max(r.mesh.data, 1) * max(r.mesh.fsdp, 1)
+
+
+RELATIONS: list[Relation] = [
+    Relation(
+        ("model.num_heads", "model.hidden_size"),
+        lambda r: r.model.arch in ("gated_att", "bert"),
+        lambda r: r.model.hidden_size % r.model.num_heads == 0,
+        lambda r: f"a divisor of model.hidden_size = {r.model.hidden_size}",
+    ),
+    Relation(
+        ("model.intermediate_size", "model.sgu"),
+        lambda r: r.model.arch in ("gmlp", "amlp") and r.model.sgu == "split_multiplicative",
+        lambda r: r.model.intermediate_size % 2 == 0,
+        lambda r: "an even number (model.sgu = 'split_multiplicative' halves it)",
+    ),
+    Relation(
+        ("data.max_seq_length", "model.max_seq_length"),
+        lambda r: r.data.max_seq_length is not None,
+        lambda r: r.data.max_seq_length <= r.model.max_seq_length,
+        lambda r: f"at most model.max_seq_length = {r.model.max_seq_length}",
+    ),
+    Relation(
+        ("train.batch_size", "train.grad_accum"),
+        lambda r: True,
+        lambda r: r.train.batch_size % r.train.grad_accum == 0,
+        lambda r: f"a multiple of train.grad_accum = {r.train.grad_accum}",
+    ),
+    Relation(
+        ("train.batch_size", "train.grad_accum", "mesh.data", "mesh.fsdp"),
+        lambda r: r.train.batch_size % r.train.grad_accum == 0,
+        lambda r: (r.train.batch_size // r.train.grad_accum) % _micro_ways(r) == 0,
+        lambda r: f"a multiple of train.grad_accum x mesh.data x mesh.fsdp = {r.train.grad_accum * _micro_ways(r)}",
+    ),
+    Relation(
+        ("mesh.data", "mesh.fsdp", "mesh.tensor"),
+        lambda r: True,
+        lambda r: [r.mesh.data, r.mesh.fsdp, r.mesh.tensor].count(-1) <= 1,
+        lambda r: (
+            f"at most one axis to be -1 (mesh.data = {r.mesh.data}, mesh.fsdp = {r.mesh.fsdp}, "
+            f"mesh.tensor = {r.mesh.tensor})"
+        ),
+    ),
+]
+
+
+def _get(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _where(source, dotted: str) -> str:
+    return source.of(dotted) if hasattr(source, "of") else str(source)
+
+
+def validate(recipe, source: str = "recipe") -> None:
+    """Raise a RecipeError for the first field outside its range or relation that does not hold.
+    ``source`` is the recipe file, or the loader's Origins (which file or --set set each key)."""
+    for key, rule in FIELDS.items():
+        value = _get(recipe, key)
+        if value is not None and not rule.holds(value):
+            raise RecipeError(f"{_where(source, key)}: '{key}' = {value!r}: expected {rule.expected}")
+    for rel in RELATIONS:
+        if rel.applies(recipe) and not rel.ok(recipe):
+            # Point at the command line if one of the fields was set there (that is what the user just
+            # changed), else at the file that set the rule's main field.
+            where = next((w for k in rel.keys if (w := _where(source, k)) == "--set"), _where(source, rel.keys[0]))
+            key = rel.keys[0]
+            raise RecipeError(f"{where}: '{key}' = {_get(recipe, key)!r}: expected {rel.expected(recipe)}")
+
+
+# ----------------------------------------------------------------------------- command-line options
+
+
+def option(name: str, value, rule: Rule) -> None:
+    """Check one command-line option (None: not given)."""
+    if value is not None and not rule.holds(value):
+        raise UserError(f"{name} = {value!r}: expected {rule.expected}")
+
+
+def seeds(text: str | None) -> list[int] | None:
+    """``--seeds 1,2,3``: distinct non-negative integers."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise UserError(f"--seeds = {text!r}: expected comma-separated non-negative integers, e.g. 1,2,3")
+    values = [int(p) for p in parts]
+    if len(set(values)) != len(values):
+        raise UserError(f"--seeds = {text!r}: expected distinct seeds (each gets its own run)")
+    return values
+
+
+def run_dir(path: str | Path, opt: str) -> None:
+    """A run directory given on the command line exists (checked before the slow imports)."""
+    d = Path(path).expanduser()
+    if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
+        raise CheckpointError(f"{opt} {path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
+
+
+def inputs(recipe, data: bool = True, tokenizer: bool = True) -> None:
+    """Local files the recipe names exist (the rest of data checking needs the data itself). ``data`` /
+    ``tokenizer``: whether this command reads the recipe's corpus / tokenizer (finetuning uses the source run's)."""
+    from ssmlm.data.sources import check_source
+
+    if data:
+        check_source(recipe.data.source)
+    tok = recipe.data.tokenizer
+    if data and tokenizer and tok != "train" and not Path(tok).expanduser().exists():
+        raise UserError(f"data.tokenizer '{tok}': no such file (expected 'train', a vocab.txt or tokenizer.json)")
+    for key in ("train_file", "validation_file", "test_file", "data_dir"):
+        path = getattr(recipe.task, key)
+        if path and not Path(path).expanduser().exists():
+            raise UserError(f"task.{key} '{path}': no such {'directory' if key == 'data_dir' else 'file'}")
