@@ -51,6 +51,9 @@ class ModelConfig:
     # official BiGS code has none: its MLM head normalises, so nothing bounds the residual stream, which grows
     # to ~1e3 and saturates the finetuning pooler's tanh (issue 9). false = the official layout.
     final_norm: bool = True
+    # BiGS: LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
+    # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
+    gate_norm: bool = False
     # Zero padded positions before token mixing (SSM convolutions, gMLP spatial projection), so an example's
     # prediction does not depend on its batch's padding. false = the official BiGS code / gMLP paper.
     mask_padding: bool = True

@@ -496,6 +496,27 @@ def test_gate_product_grows_quadratically_and_final_norm_bounds_what_heads_read(
         assert 0.5 < out[True, c][1] < 2.0
 
 
+def test_gate_norm_removes_the_quadratic_path():
+    """model.gate_norm normalises U1 ⊗ Flip(U2) before W_u: scaling both SSM read-outs by 10 leaves the branch
+    output as it was (LayerNorm is scale-invariant), where the paper's block grows ~100x (test above)."""
+    layer = GatedLayer(cfg_small(gate_norm=True, initializer_range=0.2), rngs=nnx.Rngs(params=0))
+    x = jax.random.normal(jax.random.key(1), (2, LMAX, H))
+    before = layer(x) - x
+    for w in (layer.w_u1, layer.w_u2):
+        w.kernel[...] = w.kernel[...] * 10.0
+        w.bias[...] = w.bias[...] * 10.0
+    after = layer(x) - x
+    np.testing.assert_allclose(np.asarray(after), np.asarray(before), rtol=1e-3, atol=1e-5)
+    plain = cfg_small(initializer_range=0.2)
+    extra = count_params(build_mlm(dataclasses.replace(plain, gate_norm=True))) - count_params(build_mlm(plain))
+    assert (
+        extra
+        == 2 * H * plain.num_layers
+        == param_count_formula(dataclasses.replace(plain, gate_norm=True))["mlm_total"]
+        - param_count_formula(plain)["mlm_total"]
+    )
+
+
 def test_pooler_input_stays_bounded_after_pretraining(tmp_path, corpus_file):
     """A short MLM pretraining of the default architecture (final_norm on), then the quantity that blew up in
     the user's run: the mean-pooled last hidden state the pooler reads (norm ~1,937 against 6.65 at init in
