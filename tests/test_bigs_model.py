@@ -23,7 +23,9 @@ V, H, D3, LMAX, NSSM = 50, 16, 48, 16, 8
 
 
 def cfg_small(**kw):
-    base = dict(vocab_size=V, hidden_size=H, num_layers=1, intermediate_size=D3, max_seq_length=LMAX, num_ssm=NSSM)
+    # The official layout (no final LayerNorm, padding not masked): what the numpy references below read.
+    base = dict(vocab_size=V, hidden_size=H, num_layers=1, intermediate_size=D3, max_seq_length=LMAX, num_ssm=NSSM,
+                final_norm=False, mask_padding=False)  # fmt: skip
     base.update(kw)
     return ModelConfig(**base)
 
@@ -222,7 +224,10 @@ def test_full_size_per_layer_breakdown():
 def test_longer_position_tables_add_only_position_rows():
     totals = {512: 346_707_350, 1024: 347_231_638, 4096: 350_377_366}
     for length, total in totals.items():
-        assert param_count_formula(ModelConfig(vocab_size=30522, max_seq_length=length))["mlm_total"] == total
+        assert (
+            param_count_formula(ModelConfig(vocab_size=30522, max_seq_length=length, final_norm=False))["mlm_total"]
+            == total
+        )
     # built (abstractly, one layer to keep it quick): only the position table grows
     one = {
         n: shape_count(lambda n=n: build_mlm(ModelConfig(vocab_size=30522, num_layers=1, max_seq_length=n)))[0]
