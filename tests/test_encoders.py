@@ -247,3 +247,27 @@ def test_padding_longest_is_refused_where_padding_would_change_predictions():
                 check_padding(tiny(arch, mask_padding=False), "longest")
     with pytest.raises(UserError, match="pooler"):
         check_padding(tiny("bigs", pooler="mean"), "longest")
+
+
+def test_runs_written_before_the_layout_options_keep_their_layout(tmp_path):
+    """A run directory from before final_norm / mask_padding existed lists every model field of its time but
+    not these; it opens with the layout it was trained with (no final norm, padding unmasked), so its
+    checkpoint still fits. A current run's recipe.yaml is read as written."""
+    import json
+
+    import yaml
+
+    from ssmlm.recipe import Recipe
+    from ssmlm.train.stages import open_run
+
+    current = Recipe(model=tiny("bigs")).to_dict()
+    old = json.loads(json.dumps(current))
+    for key in ("final_norm", "mask_padding", "gate_norm"):
+        del old["model"][key]
+    for name, data in (("old", old), ("new", current)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "recipe.yaml").write_text(yaml.safe_dump(data))
+        (tmp_path / name / "run.json").write_text(json.dumps({"kind": "pretrain"}))
+    m_old, m_new = open_run(tmp_path / "old").recipe.model, open_run(tmp_path / "new").recipe.model
+    assert (m_old.final_norm, m_old.mask_padding, m_old.gate_norm) == (False, False, False)
+    assert (m_new.final_norm, m_new.mask_padding) == (True, True)

@@ -75,18 +75,30 @@ def open_run(path: str | Path) -> Run:
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
     try:
-        recipe = from_dict(Recipe, yaml.safe_load((d / "recipe.yaml").read_text()), str(d / "recipe.yaml"))
+        raw = with_layout_of_older_runs(yaml.safe_load((d / "recipe.yaml").read_text()))
+        recipe = from_dict(Recipe, raw, str(d / "recipe.yaml"))
         info = json.loads((d / "run.json").read_text())
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: damaged run directory: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     return Run(d, recipe, info)
 
 
+# Model options added after runs were already being written, with the value that reproduces what such a
+# run was trained as (a run's recipe.yaml lists every field of its time, so a missing key means "older").
+OLDER_RUNS = {"final_norm": False, "mask_padding": False}
+
+
+def with_layout_of_older_runs(raw):
+    if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
+        raw = {**raw, "model": {**OLDER_RUNS, **raw["model"]}}
+    return raw
+
+
 def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
     """Create the run directory, or check that an existing one was made by the same recipe."""
     rpath = run_dir / "recipe.yaml"
     if rpath.exists():
-        old = from_dict(Recipe, yaml.safe_load(rpath.read_text()), str(rpath))
+        old = from_dict(Recipe, with_layout_of_older_runs(yaml.safe_load(rpath.read_text())), str(rpath))
         # Stopping points and bookkeeping may change between attempts; what is trained may not.
         same = lambda r: dataclasses.replace(  # noqa: E731
             r,
