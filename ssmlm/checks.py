@@ -77,12 +77,13 @@ FIELDS: dict[str, Rule] = {
     "data.tokenizer": NON_EMPTY,
     "data.vocab_size": POSITIVE,
     "data.max_seq_length": SEQ_LEN,
-    "data.masked_lm_prob": Rule(lambda v: 0 < v <= 1, "a probability in (0, 1]"),
-    "data.max_predictions": POSITIVE,
-    "data.duplicate_factor": POSITIVE,
     "data.short_seq_prob": FRACTION,
     "data.validation_fraction": within(0, 1, hi_open=True),
     "data.seed": NON_NEGATIVE,
+    "objective.masked_lm_prob": Rule(lambda v: 0 < v <= 1, "a probability in (0, 1]"),
+    "objective.max_predictions": POSITIVE,
+    "objective.duplicate_factor": POSITIVE,
+    "objective.seed": NON_NEGATIVE,
     "task.num_labels": POSITIVE,
     "task.max_seq_length": SEQ_LEN,
     "task.text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names"),
@@ -174,8 +175,9 @@ RELATIONS: list[Relation] = [
 
 
 def _get(obj, dotted: str):
+    """The value at ``dotted``; None where the section has no such field (another model family's)."""
     for part in dotted.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, part, None)
     return obj
 
 

@@ -156,7 +156,7 @@ def preprocess(
     set_: SetOpt = None,
     quiet: QuietOpt = False,
 ):
-    """Tokenize and mask a corpus once (reused when the same inputs come again).
+    """Tokenize a corpus into token shards once (reused when the same inputs come again).
 
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """
@@ -186,7 +186,7 @@ def pretrain(
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
 ):
-    """MLM pretraining. Re-running the same command resumes from the newest checkpoint.
+    """Pretraining on the recipe's objective (MLM by default). Re-running the same command resumes.
 
     Example: ssmlm pretrain recipes/bigs_full.yaml
     """
@@ -197,10 +197,11 @@ def pretrain(
         from ssmlm.train.plan import plan
 
         return _print_plan(plan(r))
+    from ssmlm.analyze.plots import LossPlot
     from ssmlm.train.stages import pretrain as run_pretrain
 
     run_dir = _run_dir(r, name)
-    summary = run_pretrain(r, run_dir, quiet=quiet, stop_after=stop_after)
+    summary = run_pretrain(r, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
     _print_summary(summary, run_dir)
 
 
@@ -227,11 +228,13 @@ def extend_length(
         raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
     checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
     checks.inputs(r, tokenizer=False)  # the tokenizer is the source run's
+    from ssmlm.analyze.plots import LossPlot
     from ssmlm.train.stages import pretrain as run_pretrain
 
     src = Path(r.train.init_from)
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
-    summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet, stop_after=stop_after)
+    summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet, stop_after=stop_after,
+                           hooks=[LossPlot(run_dir)])  # fmt: skip
     _print_summary(summary, run_dir)
 
 
@@ -391,9 +394,9 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
+    from ssmlm.evaluate.runner import evaluate as run_evaluate
     from ssmlm.recipe import TaskConfig
-    from ssmlm.train.stages import evaluate as run_evaluate
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     run = open_run(ckpt)
     task_cfg = None
@@ -444,25 +447,15 @@ def results(
         typer.echo(f"wrote {save_table(df, out)}")
 
 
-@analyze_app.command("kernels")
-@user_errors
-def analyze_kernels(
-    ckpt: Annotated[str, typer.Option("--ckpt", help="Run directory of a BiGS model.")],
-    window: Annotated[int, typer.Option("--window", help="Relative positions shown on each side (paper: 10).")] = 10,
-    out: Annotated[str | None, typer.Option("--out", help="Output directory (default: RUN/analysis).")] = None,
-):
-    """Plot every layer's forward and backward SSM kernel, like the BiGS paper's Figure 3.
+def _register_analyses() -> None:
+    """One `ssmlm analyze NAME` command per module of ssmlm.analyze that defines one (the registry)."""
+    from ssmlm.analyze import registry
 
-    Example: ssmlm analyze kernels --ckpt runs/default
-    """
-    checks.option("--window", window, checks.POSITIVE)
-    checks.run_dir(ckpt, "--ckpt")
-    from ssmlm.analyze.kernels import analyze_kernels as run_kernels
-    from ssmlm.train.stages import open_run
+    for name, module in registry().items():
+        analyze_app.command(name, help=module.command.__doc__)(user_errors(module.command))
 
-    run = open_run(ckpt)
-    result = run_kernels(run, Path(out) if out else run.dir / "analysis", window=window)
-    typer.echo(json.dumps(result, indent=2))
+
+_register_analyses()
 
 
 @app.command("import-bigs")
@@ -480,8 +473,8 @@ def import_bigs(
 
     Example: ssmlm import-bigs hub:JunxiongWang/BiGS_512 --out runs/bigs_512_official
     """
-    from ssmlm.models.convert import import_bigs as run_import
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
+    from ssmlm.runs.importing import import_bigs as run_import
 
     run = open_run(run_import(src, out, task=task))
     info = {

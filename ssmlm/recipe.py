@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import importlib
 import json
 import types
 import typing
@@ -21,60 +22,15 @@ import yaml
 
 from ssmlm.checks import validate
 from ssmlm.errors import RecipeError
+from ssmlm.models.config import FAMILIES, ModelConfig, config_class, owners
 
 # ----------------------------------------------------------------------------- sections
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The encoder. Defaults are the BiGS paper's (Section 4 and Table 7) large model."""
-
-    # bigs = gated/ssm; stack_ssm, gated_att and bert (= stack/att) are the BiGS paper's ablations;
-    # gmlp / amlp are "Pay Attention to MLPs". Registry: ssmlm.models.ENCODERS.
-    arch: Literal["bigs", "stack_ssm", "gated_att", "bert", "gmlp", "amlp"] = "bigs"
-    vocab_size: int | None = None  # None: take it from the tokenizer
-    hidden_size: int = 1024  # d
-    num_layers: int = 23  # gated layers (BERT-large has 24 stacked ones; BiGS uses 23 to match size)
-    intermediate_size: int = 3072  # 3d: width of V and U in the gated block
-    max_seq_length: int = 128  # rows of the position table; the SSM kernel length follows the input
-    num_ssm: int = 64  # N, states per SSM
-    type_vocab_size: int = 2
-    dropout: float = 0.1  # after the embedding LayerNorm and before classifiers (official code)
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    a_init: Literal["hippo", "lin", "inv"] = "hippo"  # S4D initialisation of A (official default: hippo)
-    gelu: Literal["exact", "tanh"] = "exact"  # paper: GELU; official Flax code: tanh approximation
-    # Sequence-classification pooler, then Dense + tanh. None = the family's own (ssmlm.models.heads.POOLERS):
-    # [CLS] for bert / gmlp / amlp as in their papers, the mean over non-padding tokens for the BiGS family.
-    pooler: Literal["non_padding_mean", "mean", "cls"] | None = None
-    # LayerNorm after the last block of a pre-norm encoder (BiGS, gated/att, gMLP/aMLP, pre-LN stacks). The
-    # official BiGS code has none: its MLM head normalises, so nothing bounds the residual stream, which grows
-    # to ~1e3 and saturates the finetuning pooler's tanh (issue 9). false = the official layout.
-    final_norm: bool = True
-    # BiGS: LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
-    # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
-    gate_norm: bool = False
-    # Zero padded positions before token mixing (SSM convolutions, gMLP spatial projection), so an example's
-    # prediction does not depend on its batch's padding. false = the official BiGS code / gMLP paper.
-    mask_padding: bool = True
-    ssm_kernels: Literal["shared", "per_channel"] = "shared"  # official BiGS: one kernel for all channels
-    num_heads: int = 16  # attention heads (gated_att, bert)
-    # stack_ssm / bert: pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
-    stack_norm: Literal["pre", "post"] = "pre"
-    sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
-        "split_multiplicative"  # gMLP Table 3
-    )
-    spatial: Literal["toeplitz", "dense"] = "toeplitz"  # gMLP spatial weights (Toeplitz for MLM: 2n-1 params)
-    tiny_attention_size: int = 64  # aMLP: width of the single-head attention
-    causal: bool = False  # gMLP: causal spatial weights (never look ahead)
-    remat: bool = False  # rematerialise each block in the backward pass (less memory, more compute)
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
-
-
-@dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Pretraining corpus, tokenizer and offline masking (Izsak et al. / BiGS shards)."""
+    """Pretraining corpus and tokenizer: what `ssmlm preprocess` turns into token shards (no masking: that is
+    the objective's)."""
 
     source: str = "builtin"  # builtin | a file, directory or glob (txt/jsonl/csv/parquet) | hub:NAME[:CONFIG]
     text_field: str = "text"  # column holding the text in jsonl/csv/parquet/hub sources
@@ -84,9 +40,6 @@ class DataConfig:
     vocab_size: int = 30522  # when training a tokenizer
     lowercase: bool = True
     max_seq_length: int | None = None  # None: the model's max_seq_length
-    masked_lm_prob: float = 0.15
-    max_predictions: int | None = None  # None: round(0.15 * max_seq_length); BiGS shards use 20 at 128
-    duplicate_factor: int = 10  # differently-masked copies of every sequence
     short_seq_prob: float = 0.1  # chance of a shorter target length, as in BERT data generation
     # how a document's lines become rows (ssmlm.data.masking): fill = cut into rows of exactly the target
     # length, a line's overflow starting the next row (nothing lost); bert = create_pretraining_data: whole
@@ -94,6 +47,20 @@ class DataConfig:
     packing: Literal["fill", "bert", "full"] = "fill"
     validation_fraction: float = 0.01  # documents held out for evaluation
     seed: int = 42
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    """How token rows become training examples (ssmlm.objectives): the kind, and its parameters."""
+
+    kind: Literal["mlm", "next_token"] = "mlm"  # registry: ssmlm.objectives.OBJECTIVES
+    # mlm: static = every row has `duplicate_factor` fixed masked copies (Izsak et al.; the official BiGS
+    # data), dynamic = a fresh mask every step (RoBERTa), a function of (seed, step, row).
+    masking: Literal["static", "dynamic"] = "static"
+    masked_lm_prob: float = 0.15
+    max_predictions: int | None = None  # None: round(masked_lm_prob * length); BiGS shards use 20 at 128
+    duplicate_factor: int = 10  # static masking: differently-masked copies of every row
+    seed: int | None = None  # None: data.seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +128,7 @@ class Recipe:
     description: str = ""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
@@ -280,7 +248,10 @@ def load_raw(
             base_path = resolve_path(base, path.parent)
         except RecipeError as e:  # name the recipe holding the 'base:' line, not only the missing file
             raise RecipeError(f"{path}: base: {e}") from None
-        data = _merge(load_raw(base_path, _seen + (path,), path.parent, origins), own)
+        inherited = load_raw(base_path, _seen + (path,), path.parent, origins)
+        if isinstance(own.get("model"), dict) and "arch" in own["model"]:
+            inherited = _for_family(inherited, own["model"]["arch"])
+        data = _merge(inherited, own)
     _record_origins(own, str(path), origins)  # after the base's, so this file's keys win
     data["name"] = own.get("name") or path.stem  # a variant is named after its own file, not its base
     return data
@@ -299,6 +270,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: list[str], origins: dict | None = None) -> dict:
     data = json.loads(json.dumps(data))  # deep copy of plain data
+    overridden: set[str] = set()
     for text in overrides:
         keys, value = parse_override(text)
         if origins is not None:
@@ -311,7 +283,22 @@ def apply_overrides(data: dict, overrides: list[str], origins: dict | None = Non
             if not isinstance(node, dict):
                 raise RecipeError(f"--set '{text}': '{k}' is not a section")
         node[keys[-1]] = value
+        if keys == ["model", "arch"]:
+            data = _for_family(data, value, keep=overridden)
+        overridden.add(".".join(keys))
     return data
+
+
+def _for_family(data: dict, arch, keep: set[str] = frozenset()) -> dict:
+    """``data`` without the model fields that ``arch``'s family lacks: a recipe (or --set) that changes the
+    arch of its base keeps the base's shared fields and drops the old family's own (e.g. gate_norm when a
+    gMLP recipe builds on the BiGS default). Keys in ``keep`` (set explicitly) stay, to be reported."""
+    model = data.get("model")
+    if not isinstance(model, dict) or arch not in FAMILIES:
+        return data  # an unknown arch is reported when the section is validated
+    allowed = {f.name for f in dataclasses.fields(config_class(arch))}
+    model = {k: v for k, v in model.items() if k in allowed or f"model.{k}" in keep}
+    return {**data, "model": model}
 
 
 def load_recipe(ref: str | Path | None, overrides: list[str] | None = None, default: str = "default") -> Recipe:
@@ -352,11 +339,20 @@ def from_dict(cls, data: Any, source: str, path: str = ""):
     where = f"{_src(source, path)}: {path or '(top level)'}"
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: expected a mapping, got {data!r}")
+    if cls is ModelConfig:
+        cls = _family_config(data, source, path)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, vars(importlib.import_module(cls.__module__)))
     kwargs = {}
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else str(key)
+        if dotted in MOVED:
+            raise RecipeError(f"{_src(source, dotted)}: '{dotted}' has moved to '{MOVED[dotted]}'")
+        if key not in fields and issubclass(cls, ModelConfig) and (have := owners(str(key))):
+            raise RecipeError(
+                f"{_src(source, dotted)}: '{dotted}' is not an option of model.arch {data.get('arch', cls.arch)!r}; "
+                f"it belongs to {', '.join(have)}"
+            )
         if key not in fields:
             hint = difflib.get_close_matches(str(key), list(fields), n=1)
             suggestion = f"; did you mean '{hint[0]}'?" if hint else f"; valid keys: {', '.join(fields)}"
@@ -366,6 +362,22 @@ def from_dict(cls, data: Any, source: str, path: str = ""):
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise RecipeError(f"{where}: {e}") from None
+
+
+# keys that moved to another section: their new place, for a one-line error
+MOVED = {f"data.{k}": f"objective.{k}" for k in ("masked_lm_prob", "max_predictions", "duplicate_factor")}
+
+
+def _family_config(data: dict, source: str, path: str) -> type[ModelConfig]:
+    arch = data.get("arch", ModelConfig.arch)
+    if arch not in FAMILIES:
+        dotted = f"{path}.arch"
+        hint = difflib.get_close_matches(str(arch), list(FAMILIES), n=1)
+        raise RecipeError(
+            f"{_src(source, dotted)}: '{dotted}' = {arch!r}: expected one of {', '.join(map(repr, FAMILIES))}"
+            + (f"; did you mean '{hint[0]}'?" if hint else "")
+        )
+    return config_class(arch)
 
 
 def _type_name(tp) -> str:

@@ -15,7 +15,8 @@ from flax import nnx, serialization
 from scipy.special import erf
 
 from ssmlm.errors import CheckpointError
-from ssmlm.models.convert import import_bigs, model_config_from_official, read_official
+from ssmlm.models.convert import model_config_from_official, read_official
+from ssmlm.runs.importing import import_bigs
 from ssmlm.train.stages import open_run
 
 V, H, I, LAYERS, N, L = 40, 16, 48, 2, 8, 16  # noqa: E741

@@ -1,0 +1,24 @@
+"""Analyses of trained runs: one module per paper figure or table, each an `ssmlm analyze NAME` command.
+
+The registry is this package: a module that defines ``command`` (a typer command function whose parameters
+are its options; its docstring is the help, naming the figure it reproduces) is registered under its
+``NAME``. Adding an analysis is adding a file. Shared plotting lives in plots.py.
+
+May import anything below it (models, data, objectives, runs, train, evaluate); only cli imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+
+def registry() -> dict[str, ModuleType]:
+    """NAME -> module, for every analysis module of this package."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if callable(getattr(module, "command", None)):
+            found[getattr(module, "NAME", info.name)] = module
+    return found

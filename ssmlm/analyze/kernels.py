@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+import typer
 
+from ssmlm import checks
 from ssmlm.analyze.plots import plot_kernels
 from ssmlm.errors import UserError
+
+NAME = "kernels"
+FIGURE = "BiGS Figure 3"
+
+
+def command(
+    ckpt: Annotated[str, typer.Option("--ckpt", help="Run directory of a BiGS model.")],
+    window: Annotated[int, typer.Option("--window", help="Relative positions shown on each side (paper: 10).")] = 10,
+    out: Annotated[str | None, typer.Option("--out", help="Output directory (default: RUN/analysis).")] = None,
+):
+    """Plot every layer's forward and backward SSM kernel, like the BiGS paper's Figure 3.
+
+    Example: ssmlm analyze kernels --ckpt runs/default
+    """
+    checks.option("--window", window, checks.POSITIVE)
+    checks.run_dir(ckpt, "--ckpt")
+    from ssmlm.runs import open_run
+
+    run = open_run(ckpt)
+    result = analyze_kernels(run, Path(out) if out else run.dir / "analysis", window=window)
+    typer.echo(json.dumps(result, indent=2))
 
 
 def analyze_kernels(run, out_dir: Path, window: int = 10, length: int | None = None) -> dict:

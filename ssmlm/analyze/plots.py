@@ -17,6 +17,19 @@ def _plt():
     return plt
 
 
+class LossPlot:
+    """A training-loop hook: at the end of a stage, plot its metrics and name the file in the summary."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def on_end(self, summary: dict) -> None:
+        import jax
+
+        if jax.process_index() == 0:
+            summary["loss_plot"] = str(plot_metrics(self.run_dir))
+
+
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Training loss (and validation MLM loss, when logged) against step."""
     plt = _plt()

@@ -85,3 +85,26 @@ def load_split(path: str | Path, split: str):
     if split not in dd:
         raise DataError(f"{path}: has no '{split}' split (has {list(dd)})")
     return dd[split]
+
+
+class TokenRows:
+    """(interim) the token rows of a preprocessed split: ds[idx] -> {"tokens": (k, L), "row": (k,)}."""
+
+    def __init__(self, data_dir, split: str):
+        import datasets
+
+        dd = datasets.load_from_disk(str(data_dir))
+        self.ds = dd[split].with_format("numpy") if split in dd else None
+        from ssmlm.data.preprocess import read_metadata
+
+        self.seq_len = read_metadata(data_dir)["max_seq_length"]
+
+    def __len__(self) -> int:
+        return 0 if self.ds is None else len(self.ds)
+
+    def with_format(self, _):
+        return self
+
+    def __getitem__(self, idx):
+        rows = np.arange(len(self))[idx]
+        return {"tokens": np.asarray(self.ds[rows]["tokens"], np.int32).reshape(len(rows), -1), "row": rows}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ssmlm.data.masking import mask_batch, pack, rows_to_array
+from ssmlm.data.masking import pack, rows_to_array
 from ssmlm.data.sources import corpus_fingerprint, load_corpus
 from ssmlm.data.tokenizer import load_tokenizer, special_ids, train_wordpiece
 from ssmlm.errors import DataError
@@ -34,10 +34,6 @@ SPLITS = ("train", "validation")
 
 def ssmlm_home() -> Path:
     return Path(os.environ.get("SSMLM_HOME", Path.home() / ".cache" / "ssmlm")).expanduser()
-
-
-def max_predictions(cfg: DataConfig, seq_len: int) -> int:
-    return cfg.max_predictions if cfg.max_predictions is not None else max(1, round(cfg.masked_lm_prob * seq_len))
 
 
 def _file_hash(path: str) -> str:
@@ -107,9 +103,7 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
     if not len(splits["train"]):
         raise DataError(f"data.source '{cfg.source}': no training text left after the validation split")
 
-    # --- mask (duplicate_factor differently-masked copies) and save
-    p = max_predictions(cfg, seq_len)
-    random_ids = np.setdiff1d(np.arange(vocab_size), list(ids.values()))  # no special token as a random word
+    # --- save the unmasked rows (masking is the objective's, on the fly)
     counts = {}
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=_mkdir(out_root)))
     try:
@@ -118,32 +112,13 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
         datasets.disable_progress_bars()
         parts = {}
         for split, base in splits.items():
-            dup = cfg.duplicate_factor if split == "train" else 1
-            cols: dict[str, list[np.ndarray]] = {}
-            for d in range(dup):
-                m = mask_batch(
-                    base,
-                    {ids["pad"], ids["cls"], ids["sep"]},
-                    vocab_size,
-                    ids["mask"],
-                    cfg.masked_lm_prob,
-                    p,
-                    np.random.default_rng([cfg.seed, d, split == "train"]),
-                    random_ids,
-                )
-                for k, v in m.items():
-                    cols.setdefault(k, []).append(v)
-            arrays = {k: np.concatenate(v) for k, v in cols.items()}
             counts[split] = {
-                "sequences": int(len(arrays["input_ids"])),
-                "unique_sequences": len(base),
-                # real tokens ([CLS]/[SEP] included) per position; from the unmasked rows, since a random
-                # replacement may happen to be the [PAD] id
+                "sequences": int(len(base)),
                 "fill_rate": float((base != ids["pad"]).mean()) if len(base) else None,
             }
             if not len(base):  # e.g. a one-document corpus has no held-out documents
                 continue
-            parts[split] = datasets.Dataset(pa.table({k: _fixed_list(v) for k, v in arrays.items()}))
+            parts[split] = datasets.Dataset(pa.table({"tokens": _fixed_list(base)}))
         datasets.DatasetDict(parts).save_to_disk(str(tmp))
         tok.save(str(tmp / "tokenizer.json"))
         meta = {
@@ -154,9 +129,6 @@ def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quie
             "documents": len(corpus.documents),
             "tokens": n_tokens,
             "max_seq_length": seq_len,
-            "max_predictions": p,
-            "masked_lm_prob": cfg.masked_lm_prob,
-            "duplicate_factor": cfg.duplicate_factor,
             "vocab_size": vocab_size,
             "special_ids": ids,
             "tokenizer": cfg.tokenizer,

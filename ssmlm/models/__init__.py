@@ -1,29 +1,30 @@
-"""The model zoo: encoders by architecture name, and builders that put a task head on them."""
+"""The model zoo: encoder families by architecture name (`model.arch`), and builders that put a head on them.
+
+What lives here: model configs (config.py), the families (bigs, stack, gmlp), shared layers, heads, S4D,
+parameter/FLOP counts, and reading released weights (convert.py). It may import ssmlm.errors and nothing else
+of ssmlm: no recipe, data, objectives, train or analyze code.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 from flax import nnx
 
+from ssmlm.models.config import FAMILIES, ModelConfig, family
 from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
-from ssmlm.recipe import ModelConfig
 
-# arch name -> "module:Class" (imported on use, so one family's module never loads another's)
-ENCODERS = {
-    "bigs": "ssmlm.models.bigs:BiGSEncoder",
-    "stack_ssm": "ssmlm.models.stack:StackSSMEncoder",
-    "gated_att": "ssmlm.models.bigs:GatedAttentionEncoder",
-    "bert": "ssmlm.models.stack:BertEncoder",
-    "gmlp": "ssmlm.models.gmlp:GMLPEncoder",
-    "amlp": "ssmlm.models.gmlp:GMLPEncoder",
-}
+# every arch, by family module (ssmlm.models.config.FAMILIES)
+ENCODERS = FAMILIES
 
 
 def encoder_class(arch: str):
-    module, name = ENCODERS[arch].split(":")
-    return getattr(importlib.import_module(module), name)
+    return family(arch).ENCODERS[arch]
+
+
+def extend_hook(arch: str):
+    """The family's ``extend_params`` (length-dependent parameters other than the position table), if any."""
+    return getattr(family(arch), "extend_params", None)
 
 
 def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:

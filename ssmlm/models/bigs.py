@@ -50,15 +50,33 @@ W_u2=duc_backward, W_u=dol, W_o=do, SSM_f=fs4, SSM_b=bs4.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models import s4d
+from ssmlm.models.config import ModelConfig, SSMFields
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, dropout, gelu, layer_norm, padding_mask
-from ssmlm.recipe import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class BiGSConfig(SSMFields, ModelConfig):
+    """`model:` fields of the gated family: bigs (gated/ssm) and gated_att (gated/att, an ablation)."""
+
+    arch: Literal["bigs", "gated_att"] = "bigs"
+    # LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
+    # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
+    gate_norm: bool = False
+    num_heads: int = 16  # gated_att: attention heads
 
 __all__ = ["DTYPES", "dense", "dropout", "gelu", "layer_norm", "SSM", "GatedLayer", "BiGSEncoder"]
+
+
+Config = BiGSConfig  # the family's config class (ssmlm.models.config)
 
 
 def flip(x: jax.Array) -> jax.Array:
@@ -179,3 +197,15 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
         "embeddings": embeddings,
         "mlm_total": per_layer * cfg.num_layers + final_norm + embeddings + mlm_head,
     }
+
+
+ENCODERS = {"bigs": BiGSEncoder, "gated_att": GatedAttentionEncoder}
+
+
+def mixing_flops(cfg: BiGSConfig, seq_len: int) -> float:
+    """Training FLOPs per token beyond 6 per dense parameter (ssmlm.models.flops): gated/att's attention
+    scores and mixing (12·L·d per layer), or two S4D FFT convolutions per gated layer (≈30·log2(2L) per
+    channel each, forward + backward)."""
+    if cfg.arch == "gated_att":
+        return 12.0 * seq_len * cfg.hidden_size * cfg.num_layers
+    return 2 * cfg.num_layers * 30.0 * math.log2(2 * seq_len) * cfg.hidden_size

@@ -1,7 +1,7 @@
 """Parameter counts, training FLOPs per token and parameter/optimizer memory — without allocating.
 
 FLOPs use the usual 6N rule (2 per parameter forward, 4 backward) for every dense/embedding-free
-parameter, plus the parts whose cost is not one multiply-add per parameter per token:
+parameter, plus the parts whose cost is not one multiply-add per parameter per token (each family's ``mixing_flops``):
   attention scores and mixing      12 · L · d per layer (QKᵀ and AV, forward + backward)
   S4D via FFT                      ≈ 30 · log2(2L) per channel per SSM (three length-2L FFTs, ×3)
   gMLP spatial projection          3 · L · d_ffn/2 · 2 per layer (an L×L matrix per gate channel)
@@ -10,11 +10,9 @@ parameter, plus the parts whose cost is not one multiply-add per parameter per t
 
 from __future__ import annotations
 
-import math
-
 from flax import nnx
 
-from ssmlm.recipe import ModelConfig
+from ssmlm.models.config import ModelConfig, family
 
 
 def _leaves(model) -> list[tuple[str, int]]:
@@ -32,18 +30,9 @@ def param_counts(model) -> dict[str, int]:
 
 def flops_per_token(model, cfg: ModelConfig, seq_len: int, predictions: int | None = None) -> float:
     counts = param_counts(model)
-    d, n_layers = cfg.hidden_size, cfg.num_layers
+    d = cfg.hidden_size
     dense_params = counts["non_embedding"] - counts["spatial"]
-    flops = 6.0 * dense_params
-    if cfg.arch in ("bert", "gated_att"):
-        flops += 12.0 * seq_len * d * n_layers
-    if cfg.arch in ("bigs", "stack_ssm"):
-        flops += 2 * n_layers * 30.0 * math.log2(2 * seq_len) * d
-    if cfg.arch in ("gmlp", "amlp"):
-        width = cfg.intermediate_size // 2 if cfg.sgu == "split_multiplicative" else cfg.intermediate_size
-        flops += 6.0 * seq_len * width * n_layers
-        if cfg.arch == "amlp":
-            flops += 12.0 * seq_len * cfg.tiny_attention_size * n_layers
+    flops = 6.0 * dense_params + family(cfg.arch).mixing_flops(cfg, seq_len)
     if predictions is not None and cfg.vocab_size:
         flops += 6.0 * d * cfg.vocab_size * predictions / seq_len
     return flops

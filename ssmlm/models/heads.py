@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ssmlm.models.config import ModelConfig
 from ssmlm.models.layers import dense, dropout, layer_norm
-from ssmlm.recipe import ModelConfig
 
 LECUN = nnx.initializers.lecun_normal()
 

@@ -19,12 +19,29 @@ layers at the same size). The SSM inputs are zeroed at padded positions (``mask_
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Literal
+
 import jax
 from flax import nnx
 
 from ssmlm.models.bigs import SSM, flip
+from ssmlm.models.config import ModelConfig, SSMFields
 from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
-from ssmlm.recipe import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class StackConfig(SSMFields, ModelConfig):
+    """`model:` fields of the stacked family: bert (stack/att) and stack_ssm."""
+
+    arch: Literal["stack_ssm", "bert"] = "bert"
+    num_heads: int = 16  # bert: attention heads
+    # pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
+    stack_norm: Literal["pre", "post"] = "pre"
+
+
+Config = StackConfig  # the family's config class (ssmlm.models.config)
 
 
 class SSMRoute(nnx.Module):
@@ -88,3 +105,14 @@ class StackSSMEncoder(Encoder):
 
         return (jnp.stack([k(layer.route.ssm_f) for layer in self.layers]),
                 jnp.stack([k(layer.route.ssm_b) for layer in self.layers]))  # fmt: skip
+
+
+ENCODERS = {"bert": BertEncoder, "stack_ssm": StackSSMEncoder}
+
+
+def mixing_flops(cfg: StackConfig, seq_len: int) -> float:
+    """Training FLOPs per token beyond 6 per dense parameter: attention scores and mixing (12·L·d per
+    layer) for bert, two S4D FFT convolutions per layer for stack/ssm."""
+    if cfg.arch == "bert":
+        return 12.0 * seq_len * cfg.hidden_size * cfg.num_layers
+    return 2 * cfg.num_layers * 30.0 * math.log2(2 * seq_len) * cfg.hidden_size

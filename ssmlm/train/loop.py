@@ -1,9 +1,13 @@
-"""The one training loop, shared by pretrain, extend-length and finetune.
+"""The one training loop, shared by pretrain, extend-length and finetune (and any objective).
 
-A Stage says what differs between them (model, loss, data, evaluation); this module owns everything
-else: the jitted step, the learning-rate schedule, progress, the JSONL metrics log, evaluation,
-checkpointing and exact resume. Batch ``s`` is a pure function of (seed, s) and dropout keys are
-fold_in(seed, s), so a resumed run takes exactly the steps an uninterrupted one would.
+A Stage says what differs between them (model, loss, batches, evaluation); this module owns everything
+else: the jitted step, the learning-rate schedule, progress, the JSONL metrics log, evaluation (compiled once
+per run), checkpointing and exact resume. Batch ``s`` is a pure function of (seed, s, controller state) and
+dropout keys are fold_in(seed, s), so a resumed run takes exactly the steps an uninterrupted one would.
+
+Extension points: ``Stage.hooks`` (objects with any of on_start / on_log / on_eval / on_checkpoint /
+on_interrupt / on_end) see the run's events; ``Stage.controller`` may change what the batches are made of
+while training runs (Birdie's objective mixture): its state is saved in every checkpoint and restored.
 """
 
 from __future__ import annotations
@@ -16,34 +20,83 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
+from ssmlm.objectives.losses import cross_entropy  # noqa: F401  (kept importable from here)
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
-from ssmlm.train.checkpoint import Checkpoints
+from ssmlm.runs.checkpoint import Checkpoints
 from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
 from ssmlm.train.optim import make_optimizer
 
 
+class Controller(Protocol):
+    """Steers the batches while training runs. Its state is a pytree of arrays (saved in checkpoints)."""
+
+    def init_state(self) -> Any: ...
+
+    def update(self, state: Any, step: int, eval_metrics: dict[str, float]) -> Any:
+        """The new state after the evaluation at ``step``; it applies from step + CONTROL_LAG on."""
+        ...
+
+
+# An update made after step s applies to the batches of steps >= s + CONTROL_LAG. The lag is the prefetch
+# depth, so batches already being read never change, and it is a constant, so a resumed run applies every
+# update at the same step as an uninterrupted one.
+PREFETCH_DEPTH = 2
+CONTROL_LAG = PREFETCH_DEPTH
+
+
+@dataclass
+class Schedule:
+    """The controller state in effect at each step: ``current`` up to ``pending_from`` - 1, then ``pending``."""
+
+    current: Any
+    pending: Any
+    pending_from: int
+
+    def at(self, step: int):
+        return self.pending if step >= self.pending_from else self.current
+
+    def advance(self, step: int) -> None:
+        if step >= self.pending_from:
+            self.current = self.pending
+
+    def set(self, state, from_step: int) -> None:
+        self.current, self.pending, self.pending_from = self.at(from_step - 1), state, from_step
+
+    def to_tree(self) -> dict:
+        start = np.asarray(self.pending_from, np.int64)
+        return {"current": self.current, "pending": self.pending, "pending_from": start}
+
+    @classmethod
+    def from_tree(cls, tree: dict) -> Schedule:
+        return cls(tree["current"], tree["pending"], int(tree["pending_from"]))
+
+
 @dataclass
 class Stage:
-    kind: str  # pretrain | extend-length | finetune
+    kind: str  # pretrain | extend-length | finetune | evaluate
     model: nnx.Module
     loss_fn: Callable  # (model, batch, rng) -> (mean loss, aux dict of scalars; aux["weight"]: what it averaged over)
-    batches: Callable[[int], dict]  # step -> host batch
+    batches: Callable  # (step, controller state or None) -> host Batch
     total_steps: int
     tokens_per_step: int  # slots per step (batch x length); tokens/s and MFU count only real (non-pad) tokens
     eval_fn: Callable | None = None  # (model, batch) -> dict of arrays
-    eval_data: Callable[[], Iterable[dict]] | None = None
-    score: Callable[[list[dict], list[dict]], dict] | None = None  # (outputs, batches) -> metrics
+    eval_data: Callable[[], Iterable] | None = None  # () -> host Batches
+    score: Callable[[list[dict], list], dict] | None = None  # (outputs, batches) -> metrics
     meta: dict = field(default_factory=dict)  # written into every checkpoint manifest
     eval_also_every: int = 0  # a second evaluation cadence (finetuning: every epoch end)
+    hooks: list = field(default_factory=list)
+    controller: Controller | None = None
+    predictions_per_row: int | None = None  # scored positions per row, for the FLOPs estimate
 
 
 class MetricsLog:
@@ -74,20 +127,29 @@ def _to_host(tree) -> dict:
     return {k: float(v) for k, v in jax.device_get(tree).items()}
 
 
-def evaluate_stage(stage: Stage, params, graphdef) -> dict[str, float]:
-    """Run the stage's evaluation on the given parameters."""
+def make_eval_step(eval_fn: Callable, graphdef):
+    """The jitted evaluation step (params, batch) -> outputs. Build it once per run: every evaluation reuses
+    the compiled function (evaluation batches all have one shape; the last one is padded)."""
+    return jax.jit(lambda p, batch: eval_fn(nnx.merge(graphdef, p), batch))
+
+
+def evaluate_stage(stage: Stage, params, graphdef, eval_step=None) -> dict[str, float]:
+    """Run the stage's evaluation on the given parameters (with ``eval_step`` if compiled already)."""
     if stage.eval_fn is None or stage.eval_data is None:
         return {}
-
-    @jax.jit
-    def eval_step(p, batch):
-        return stage.eval_fn(nnx.merge(graphdef, p), batch)
-
+    eval_step = eval_step or make_eval_step(stage.eval_fn, graphdef)
     outputs, batches = [], []
     for batch in stage.eval_data():
         outputs.append(jax.device_get(eval_step(params, batch)))
         batches.append(batch)
     return stage.score(outputs, batches) if outputs else {}
+
+
+def _call(hooks, event: str, *args) -> None:
+    for h in hooks:
+        fn = getattr(h, event, None)
+        if fn is not None:
+            fn(*args)
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None,
@@ -137,8 +199,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
                    "skipped": 1.0 - ok.astype(jnp.float32), **aux}  # fmt: skip
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
-    if shardings is None:
-        return jax.jit(train_step)
+    if shardings is None:  # parameters and optimizer state are replaced every step: reuse their buffers
+        return jax.jit(train_step, donate_argnums=(0, 1))
     p_sh, o_sh, b_sh = shardings
     return jax.jit(train_step, in_shardings=(p_sh, o_sh, b_sh, None), out_shardings=(p_sh, o_sh, None),
                    donate_argnums=(0, 1))  # fmt: skip
@@ -156,6 +218,7 @@ def run(
     lead = jax.process_index() == 0  # only one process writes logs and plots
     run_dir.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(run_dir / "metrics.jsonl", enabled=lead)
+    hooks = [*stage.hooks]
     total = stage.total_steps
     tx, lr_fn = make_optimizer(cfg, total, nnx.state(stage.model, nnx.Param))
     if cfg.batch_size % cfg.grad_accum:
@@ -169,6 +232,10 @@ def run(
     b_sh = batch_sharding(mesh)
     params = jax.device_put(params, p_sh)
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
+    control = None
+    if stage.controller is not None:
+        first = stage.controller.init_state()
+        control = Schedule(first, first, 0)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
     start = 0
     last: dict[str, float] = {}
@@ -176,15 +243,18 @@ def run(
     target = lambda tree, sh: jax.tree.map(  # noqa: E731
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
     )
+    abstract_control = jax.eval_shape(lambda: control.to_tree()) if control is not None else None
     try:
-        restored = ckpt.restore_newest(target(params, p_sh), target(opt_state, o_sh))
+        restored = ckpt.restore_newest(target(params, p_sh), target(opt_state, o_sh), abstract_control)
     except UserError:
         ckpt.close()
         raise
     latest = restored[0] if restored else None
     if restored:
-        params, opt_state, meta = restored[1]
+        params, opt_state, meta, control_tree = restored[1]
         start = int(meta["step"])
+        if control is not None:
+            control = Schedule.from_tree(control_tree)
         last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
         log.truncate_after(start)
         console.print(
@@ -193,11 +263,12 @@ def run(
 
     stop = min(total, start + stop_after) if stop_after else total
     train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed, (p_sh, o_sh, b_sh), cfg.grad_accum)
+    eval_step = make_eval_step(stage.eval_fn, graphdef) if stage.eval_fn is not None else None
     flops = stage_flops(stage, recipe)
     peak = peak_flops_per_second(cfg)
     manifest = {
         "recipe": recipe.to_dict(),
-        "recipe_fingerprint": recipe.fingerprint("model", "data", "train", "task"),
+        "recipe_fingerprint": recipe.fingerprint("model", "data", "objective", "train", "task"),
         "total_steps": total,
         "kind": stage.kind,
         **stage.meta,
@@ -209,14 +280,30 @@ def run(
             return
         saved.add(step)
         meta = {"step": step, "data_position": step, "skipped_steps": skipped_total, **manifest, "metrics": metrics}
-        ckpt.save(step, params, opt_state, meta, eval_metrics)
+        ckpt.save(step, params, opt_state, meta, eval_metrics, control.to_tree() if control is not None else None)
+        _call(hooks, "on_checkpoint", step)
+
+    def evaluate(step: int) -> dict[str, float]:
+        nonlocal control
+        metrics = evaluate_stage(stage, params, graphdef, eval_step)
+        if metrics:
+            log.write({"step": step, "split": "validation", **metrics})
+            _call(hooks, "on_eval", step, metrics)
+            if control is not None and step < total:
+                control.set(stage.controller.update(control.at(step), step, metrics), step + CONTROL_LAG)
+        return metrics
+
+    def batch_at(step: int):
+        return stage.batches(step, control.at(step) if control is not None else None)
 
     summary: dict[str, Any] = {"kind": stage.kind, "start_step": start, "total_steps": total}
     eval_metrics: dict[str, float] = {}
     step = start
     skipped_total = int(meta.get("skipped_steps", 0)) if latest is not None else 0
     t_start = time.time()
-    prefetch = Prefetcher(stage.batches, start, stop)
+    _call(hooks, "on_start", start, total)
+    # The prefetcher reads ahead with the schedule as it stands; updates only touch steps beyond its reach.
+    prefetch = Prefetcher(batch_at, start, stop, PREFETCH_DEPTH)
     with progress_bar(quiet or not lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
         task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", mfu="-", **{"tok/s": "-"})
         t_window, steps_window, window_sum, real_window = time.time(), 0, None, 0
@@ -228,6 +315,8 @@ def run(
                 params, opt_state, out = train_step(params, opt_state, batch, step)
                 step += 1
                 steps_window += 1
+                if control is not None:
+                    control.advance(step)
                 # Sum on device (no host sync per step); log the mean over the window's good steps.
                 window_sum = out if window_sum is None else jax.tree.map(jnp.add, window_sum, out)
                 if step % cfg.log_every == 0 or step == stop:
@@ -252,6 +341,7 @@ def run(
                     if mfu is not None:
                         rec["mfu"] = float(f"{mfu:.4g}")
                     log.write(rec)
+                    _call(hooks, "on_log", step, rec)
                     if skipped_total > cfg.max_skipped_steps:
                         raise UserError(
                             f"training diverged: {skipped_total} steps had a non-finite loss or gradient "
@@ -264,10 +354,8 @@ def run(
                         console.print(f"{stage.kind} step {step}/{total} loss {last['loss']:.4f} {tps:,.0f} tok/s")
                 evaluated = False
                 if (_due(step, cfg.eval_every) or _due(step, stage.eval_also_every)) and step < total:
-                    eval_metrics = evaluate_stage(stage, params, graphdef)
-                    if eval_metrics:
-                        evaluated = True
-                        log.write({"step": step, "split": "validation", **eval_metrics})
+                    eval_metrics = evaluate(step)
+                    evaluated = bool(eval_metrics)
                 periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
                 if step < total and (periodic or (evaluated and cfg.keep_best)):
                     save(step, last, eval_metrics if evaluated else None)
@@ -278,6 +366,7 @@ def run(
             ckpt.close()
             raise
         except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
+            _call(hooks, "on_interrupt", step)
             raise Interrupted(
                 f"interrupted at step {step}/{total}; the newest complete checkpoint in {run_dir} is step "
                 f"{ckpt.latest_step() or 0}; run the same command again to resume"
@@ -288,6 +377,7 @@ def run(
     if ctrl_c.requested and step < total:
         save(step, last)
         ckpt.close()
+        _call(hooks, "on_interrupt", step)
         raise Interrupted(
             f"interrupted at step {step}/{total}; checkpoint saved in {run_dir}; run the same command again to resume"
         )
@@ -296,9 +386,7 @@ def run(
         save(step, last)
         summary["stopped_early"] = True
     elif step > start or latest is None:
-        eval_metrics = evaluate_stage(stage, params, graphdef)
-        if eval_metrics:
-            log.write({"step": step, "split": "validation", **eval_metrics})
+        eval_metrics = evaluate(step)
         save(step, {**last, **eval_metrics}, eval_metrics or None)
     ckpt.close()
     summary.update(
@@ -311,6 +399,7 @@ def run(
     if ckpt.best_step() is not None:
         summary["best_checkpoint"] = ckpt.best_step()
     stage.model = nnx.merge(graphdef, params)
+    _call(hooks, "on_end", summary)
     return summary
 
 
@@ -342,7 +431,7 @@ class Prefetcher:
     Batches are a pure function of the step, so prefetching never changes what is trained on.
     """
 
-    def __init__(self, batches: Callable[[int], dict], start: int, stop: int, depth: int = 2):
+    def __init__(self, batches: Callable[[int], Any], start: int, stop: int, depth: int = PREFETCH_DEPTH):
         self.batches, self.stop = batches, stop
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.pending = {s: self.pool.submit(batches, s) for s in range(start, min(start + depth, stop))}
@@ -359,10 +448,9 @@ class Prefetcher:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def real_tokens(batch: dict) -> int:
-    """Non-padding tokens of a host batch ([PAD] is id 0 in every ssmlm dataset; weight-0 rows count none)."""
-    ids = batch["input_ids"]
-    return int((ids != 0).sum())
+def real_tokens(batch) -> int:
+    """Non-padding tokens of a host batch (segment id 0 is padding; weight-0 rows count none)."""
+    return int((batch.segment_ids != 0).sum())
 
 
 def stage_flops(stage: Stage, recipe: Recipe) -> float:
@@ -370,8 +458,7 @@ def stage_flops(stage: Stage, recipe: Recipe) -> float:
     from ssmlm.models.flops import flops_per_token
 
     seq_len = stage.tokens_per_step // max(recipe.train.batch_size, 1)
-    preds = stage.meta.get("max_predictions")
-    return flops_per_token(stage.model, recipe.model, seq_len, preds)
+    return flops_per_token(stage.model, recipe.model, seq_len, stage.predictions_per_row)
 
 
 # Dense bf16 peak per device (FLOP/s), for the model-FLOPs utilisation estimate.
@@ -386,10 +473,3 @@ def peak_flops_per_second(cfg) -> float | None:
     kind = jax.devices()[0].device_kind
     per = next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
     return per * jax.device_count() if per else None
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Summed token cross-entropy and summed weights (the caller divides)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    return (nll * weights).sum(), weights.sum()

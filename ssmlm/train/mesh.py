@@ -106,6 +106,6 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
         raise UserError(f"train.batch_size = {batch_size} must be divisible by the {jax.process_count()} processes")
 
 
-def put_batch(local: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """Assemble the global batch from every process's local rows."""
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+def put_batch(local, sharding: NamedSharding):
+    """Assemble the global batch (a Batch or dict of host arrays) from every process's local rows."""
+    return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), local)

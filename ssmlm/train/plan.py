@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ssmlm.data.preprocess import max_predictions
 from ssmlm.models import build_classifier, build_mlm, with_vocab
 from ssmlm.models.flops import abstract, flops_per_token, memory_bytes, param_counts
+from ssmlm.objectives import predictions_per_row
 from ssmlm.recipe import Recipe
 
 
@@ -30,7 +30,7 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
         preds = None
     else:
         model = abstract(lambda: build_mlm(cfg))
-        preds = max_predictions(recipe.data, seq_len)
+        preds = predictions_per_row(recipe.objective, seq_len)
     counts = param_counts(model)
     per_token = flops_per_token(model, cfg, seq_len, preds)
     tokens_per_step = recipe.train.batch_size * seq_len
@@ -54,7 +54,7 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
 
 
 def plan_finetune(recipe: Recipe, source_dir: str | Path, num_labels: int) -> dict:
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     src = open_run(source_dir)
     r = dataclasses.replace(recipe, model=dataclasses.replace(src.recipe.model, dropout=recipe.model.dropout))

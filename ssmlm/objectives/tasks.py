@@ -1,8 +1,9 @@
-"""Downstream tasks by head: what finetune and evaluate need for classification (GLUE, ContractNLI,
-built-in and local tasks), span extraction (SQuAD 1.1/2.0) and multiple choice (QuALITY).
+"""Finetuning objectives by head: classification and regression (GLUE, ContractNLI, built-in and local
+tasks), span extraction (SQuAD 1.1/2.0) and multiple choice (QuALITY).
 
-`prepare` turns a task section and a tokenizer into model arrays per split plus a scorer per split;
-`HEADS` gives each head's model builder, loss and evaluation output. The training loop is the same.
+`prepare` turns a task section and a tokenizer into arrays per split plus a scorer per split; `task_batch`
+turns a batch of those rows into the typed Batch; `HEADS` gives each head's model builder, loss and
+evaluation output. The training loop is the one every objective uses.
 """
 
 from __future__ import annotations
@@ -18,37 +19,51 @@ from ssmlm.data.tasks import TaskDef, encode, get_task, load_task
 from ssmlm.errors import DataError
 from ssmlm.evaluate.metrics import score as score_task
 from ssmlm.models import build_classifier, build_multiple_choice, build_span
+from ssmlm.objectives.batch import Batch, make_batch
+from ssmlm.objectives.losses import cross_entropy
 from ssmlm.recipe import TaskConfig
-from ssmlm.train import loop
 
 # ----------------------------------------------------------------------------- heads
 
 
-def classification_loss(model, batch, rng):
-    """Cross-entropy over classes (or choices); MSE against the raw score for regression (STS-B)."""
-    logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], rng=rng)
+def task_batch(rows: dict[str, np.ndarray]) -> Batch:
+    """A batch of task rows (input_ids, attention_mask, token_type_ids, and labels or start/end positions,
+    example_weight) as the typed Batch: targets are the labels (B,) or the spans (B, 2)."""
+    if "start_positions" in rows:
+        targets = np.stack([rows["start_positions"], rows["end_positions"]], axis=1)
+    else:
+        targets = rows["labels"]
+    weights = rows.get("example_weight", np.ones(len(targets), np.float32))
+    return make_batch(rows["input_ids"], targets, weights, segment_ids=rows["attention_mask"],
+                      token_types=rows["token_type_ids"])  # fmt: skip
+
+
+def classification_loss(model, batch: Batch, rng):
+    """Cross-entropy over classes (or choices); MSE against the raw score for regression (STS-B). Every
+    training row counts once (training batches have no padding rows)."""
+    logits = model(batch.tokens, batch.attention_mask, batch.token_types, rng=rng)
     if logits.shape[-1] == 1:
-        return jnp.mean((logits[:, 0] - batch["labels"]) ** 2), {"weight": jnp.float32(logits.shape[0])}
+        return jnp.mean((logits[:, 0] - batch.targets) ** 2), {"weight": jnp.float32(logits.shape[0])}
     n = logits.shape[0]
-    nll, count = loop.cross_entropy(logits, batch["labels"].astype(jnp.int32), jnp.ones(n))
+    nll, count = cross_entropy(logits, batch.targets.astype(jnp.int32), jnp.ones(n))
     return nll / count, {"weight": count}
 
 
-def classification_eval(model, batch):
-    return {"logits": model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])}
+def classification_eval(model, batch: Batch):
+    return {"logits": model(batch.tokens, batch.attention_mask, batch.token_types)}
 
 
-def span_loss(model, batch, rng):
+def span_loss(model, batch: Batch, rng):
     """Mean of the start and end cross-entropies (BERT's SQuAD loss)."""
-    start, end = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], rng=rng)
+    start, end = model(batch.tokens, batch.attention_mask, batch.token_types, rng=rng)
     ones = jnp.ones(start.shape[0])
-    s, n = loop.cross_entropy(start, batch["start_positions"], ones)
-    e, _ = loop.cross_entropy(end, batch["end_positions"], ones)
+    s, n = cross_entropy(start, batch.targets[:, 0], ones)
+    e, _ = cross_entropy(end, batch.targets[:, 1], ones)
     return (s + e) / (2 * n), {"weight": n}
 
 
-def span_eval(model, batch):
-    start, end = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+def span_eval(model, batch: Batch):
+    start, end = model(batch.tokens, batch.attention_mask, batch.token_types)
     return {"start": start, "end": end}
 
 
@@ -72,8 +87,8 @@ HEADS = {
 def classification_scorer(metrics: tuple[str, ...]):
     def score(outputs, batches):
         logits = np.concatenate([o["logits"] for o in outputs])
-        gold = np.concatenate([b["labels"] for b in batches])
-        keep = (np.concatenate([b["example_weight"] for b in batches]) > 0) & (gold >= 0)  # test rows: -1
+        gold = np.concatenate([b.targets for b in batches])
+        keep = (np.concatenate([b.loss_weights for b in batches]) > 0) & (gold >= 0)  # test rows: -1
         return score_task(metrics, logits[keep], gold[keep]) if keep.any() else {}
 
     return score
@@ -82,7 +97,7 @@ def classification_scorer(metrics: tuple[str, ...]):
 def predictions(outputs, batches) -> np.ndarray:
     """Predicted class (or score) per real example, for submission files."""
     logits = np.concatenate([o["logits"] for o in outputs])
-    keep = np.concatenate([b["example_weight"] for b in batches]) > 0
+    keep = np.concatenate([b.loss_weights for b in batches]) > 0
     logits = logits[keep]
     return logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
 

@@ -2,7 +2,8 @@
 metrics). Saves are asynchronous and committed atomically (Orbax writes to a temporary directory and
 renames it), so an interrupted save never becomes the latest checkpoint.
 
-Layout: RUN/checkpoints/<step>/{params, opt_state, meta}.
+Layout: RUN/checkpoints/<step>/{params, opt_state, meta[, controller]}; `controller` is the state of a
+training-time controller (e.g. an objective mixture), when the stage has one.
 
 A checkpoint damaged after the fact (truncated files, an emptied directory, missing items, shapes that do
 not fit) is reported in one line and the next older one is used. A broken checkpoint is never deleted:
@@ -111,41 +112,40 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.mgr.latest_step()
 
-    def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None) -> None:
-        args = ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            opt_state=ocp.args.StandardSave(opt_state),
-            meta=ocp.args.JsonSave(meta),
-        )
+    def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None,
+             controller=None) -> None:  # fmt: skip
+        items = dict(params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+                     meta=ocp.args.JsonSave(meta))  # fmt: skip
+        if controller is not None:
+            items["controller"] = ocp.args.StandardSave(controller)
+        args = ocp.args.Composite(**items)
         metrics = eval_metrics if (self.best and eval_metrics and self.best in eval_metrics) else None
         self.mgr.save(step, args=args, force=True, metrics=metrics)
 
     def best_step(self) -> int | None:
         return self.mgr.best_step() if self.best else None
 
-    def restore(self, step: int, abstract_params, abstract_opt_state):
+    def restore(self, step: int, abstract_params, abstract_opt_state, abstract_controller=None):
+        """(params, opt_state, meta, controller state or None)."""
         check_shapes(self.dir / str(step), "params", abstract_params)
         check_shapes(self.dir / str(step), "opt_state", abstract_opt_state)
-        r = self.mgr.restore(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract_params),
-                opt_state=ocp.args.StandardRestore(abstract_opt_state),
-                meta=ocp.args.JsonRestore(),
-            ),
-        )
+        items = dict(params=ocp.args.StandardRestore(abstract_params),
+                     opt_state=ocp.args.StandardRestore(abstract_opt_state), meta=ocp.args.JsonRestore())  # fmt: skip
+        if abstract_controller is not None:
+            items["controller"] = ocp.args.StandardRestore(abstract_controller)
+        r = self.mgr.restore(step, args=ocp.args.Composite(**items))
         if not isinstance(r.meta, dict) or "step" not in r.meta:
             raise CheckpointError("its manifest has no step")
-        return r.params, r.opt_state, r.meta
+        return r.params, r.opt_state, r.meta, (r.controller if abstract_controller is not None else None)
 
-    def restore_newest(self, abstract_params, abstract_opt_state):
-        """(step, (params, opt_state, meta)) of the newest checkpoint that restores, or None when there is none.
+    def restore_newest(self, abstract_params, abstract_opt_state, abstract_controller=None):
+        """(step, (params, opt_state, meta, controller)) of the newest checkpoint that restores, or None when there is none.
         Newer broken ones are moved to RUN/broken-checkpoints/ (kept, not deleted), so training can save
         those steps again."""
         steps = list(self.mgr.all_steps())
         if not steps:
             return None
-        restore = lambda step: self.restore(step, abstract_params, abstract_opt_state)  # noqa: E731
+        restore = lambda step: self.restore(step, abstract_params, abstract_opt_state, abstract_controller)  # noqa: E731
         step, result = restore_newest(self.dir.parent, steps, restore, self._set_aside)
         self.mgr.reload()  # forget the steps just moved away
         return step, result

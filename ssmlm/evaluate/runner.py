@@ -1,0 +1,83 @@
+"""`ssmlm evaluate`: metrics of a run's newest checkpoint on its own objective's held-out data or its
+finetuning task, with the same compiled evaluation the training loop uses."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+
+from ssmlm import objectives
+from ssmlm.data.preprocess import read_metadata
+from ssmlm.errors import UserError
+from ssmlm.objectives.tasks import HEADS, predictions, prepare
+from ssmlm.progress import progress_bar
+from ssmlm.runs import Run
+from ssmlm.train import loop
+from ssmlm.train.stages import task_eval_data, token_eval_data
+
+
+def evaluate(
+    run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32, submission: Path | None = None
+) -> dict[str, Any]:
+    """Metrics of a run's newest checkpoint: MLM on its held-out data, or its finetuning task.
+
+    With ``submission``, the split's predictions are also written in the GLUE leaderboard format.
+    """
+    model, meta = run.load_model()
+    graphdef, params = nnx.split(model, nnx.Param)
+    result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
+    if run.kind == "finetune":
+        base = run.recipe.task
+        task = recipe_task or base
+        if task.name and task.name != base.name:
+            raise UserError(f"{run.dir} was finetuned on '{run.info['task']}', not '{task.name}'")
+        task = dataclasses.replace(task, max_seq_length=base.max_seq_length)
+        prep = prepare(task, run.tokenizer(), task.max_seq_length)
+        if split not in prep.arrays:
+            raise UserError(f"task {prep.definition.name} has no '{split}' split (has {list(prep.arrays)})")
+        head = HEADS[run.info.get("head", "classify")]
+        eval_data = task_eval_data(prep.arrays[split], batch_size)
+        stage = loop.Stage("evaluate", model, None, None, 0, 0, head.eval, eval_data, prep.scorers[split])
+        result["task"] = prep.definition.name
+        if submission is not None:
+            stage.score = lambda outs, batches: {"_predictions": predictions(outs, batches)}
+            preds = loop.evaluate_stage(stage, params, graphdef)["_predictions"]
+            from ssmlm.data.glue import write_glue_submission
+
+            name = prep.definition.name
+            name = "mnli-mm" if name == "mnli" and split.endswith("mismatched") else name
+            path = write_glue_submission(name, preds.tolist(), submission, label_names=run.info.get("label_names"))
+            result["submission"] = str(path)
+            stage.score = prep.scorers[split]
+    else:
+        if recipe_task is not None and recipe_task.name:
+            raise UserError(f"{run.dir} is a pretraining run; finetune it on '{recipe_task.name}' first")
+        if not run.info.get("data_dir"):
+            raise UserError(
+                f"{run.dir}: has no MLM data of its own (imported from {run.info.get('source')}); "
+                "finetune it or evaluate a task"
+            )
+        data_dir = Path(run.info["data_dir"])
+        meta = read_metadata(data_dir)
+        objective = objectives.build(run.recipe.objective, meta["special_ids"], meta["vocab_size"],
+                                     meta["max_seq_length"], run.recipe.data.seed)  # fmt: skip
+        ev = token_eval_data(data_dir, objective, batch_size, None)
+        if ev is None:
+            raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
+        stage = loop.Stage("evaluate", model, None, None, 0, 0, objective.eval, ev, objective.score)
+        result["task"] = objective.name
+    data = stage.eval_data
+
+    def with_progress():
+        with progress_bar(False) as bar:
+            task = bar.add_task(f"evaluating {result['task']}", total=None)
+            for batch in data():
+                yield batch
+                bar.advance(task)
+
+    stage.eval_data = with_progress
+    result["metrics"] = loop.evaluate_stage(stage, params, graphdef)
+    return result

@@ -1,0 +1,104 @@
+"""The `model:` section of a recipe: the fields every family shares, and the registry of families.
+
+Each family (a module of ssmlm.models) owns its own config class (a subclass of ModelConfig with its
+extra fields), its encoders, its closed-form parameter count, its extra FLOPs and, where the family has
+length-dependent parameters, its ``extend_params``. ``model.arch`` picks the family: ``ModelConfig(arch=
+"gmlp", sgu=...)`` builds a ``GMLPConfig``, and a recipe naming a field of another family is refused with
+the family that has it.
+
+Adding a family is adding a module with ``Config``, ``ENCODERS`` (arch -> encoder class), ``param_count``
+and ``mixing_flops`` (and optionally ``extend_params``), and listing its archs in FAMILIES.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+from typing import Literal
+
+# arch -> the module that implements it (imported on use, so one family's module never loads another's)
+FAMILIES = {
+    "bigs": "ssmlm.models.bigs",  # gated/ssm
+    "gated_att": "ssmlm.models.bigs",  # gated/att (BiGS ablation)
+    "stack_ssm": "ssmlm.models.stack",  # stack/ssm (BiGS ablation)
+    "bert": "ssmlm.models.stack",  # stack/att
+    "gmlp": "ssmlm.models.gmlp",  # "Pay Attention to MLPs"
+    "amlp": "ssmlm.models.gmlp",  # gMLP + one tiny attention head
+}
+
+
+def family(arch: str) -> ModuleType:
+    """The module implementing ``arch`` (KeyError for an unknown arch: callers check names first)."""
+    return importlib.import_module(FAMILIES[arch])
+
+
+def config_class(arch: str) -> type[ModelConfig]:
+    return family(arch).Config
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Fields every encoder family has. Defaults are the BiGS paper's (Section 4 and Table 7) large model.
+
+    ``ModelConfig(arch=..., ...)`` returns an instance of that arch's family config (see FAMILIES)."""
+
+    arch: str = "bigs"  # bigs, gated_att, stack_ssm, bert (BiGS paper), gmlp, amlp ("Pay Attention to MLPs")
+    vocab_size: int | None = None  # None: take it from the tokenizer
+    hidden_size: int = 1024  # d
+    num_layers: int = 23  # blocks (BERT-large has 24 stacked ones; BiGS uses 23 gated ones to match size)
+    intermediate_size: int = 3072  # BiGS: width of V and U (3d); stacks: FFN width; gMLP: d_ffn
+    max_seq_length: int = 128  # rows of the position table; SSM kernels follow the input length
+    type_vocab_size: int = 2
+    dropout: float = 0.1  # after the embedding LayerNorm and before classifiers (official code)
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    gelu: Literal["exact", "tanh"] = "exact"  # paper: GELU; official Flax code: tanh approximation
+    # Sequence-classification pooler, then Dense + tanh. None = the family's own (ssmlm.models.heads.POOLERS):
+    # [CLS] for bert / gmlp / amlp as in their papers, the mean over non-padding tokens for the BiGS family.
+    pooler: Literal["non_padding_mean", "mean", "cls"] | None = None
+    # LayerNorm after the last block of a pre-norm encoder (BiGS, gated/att, gMLP/aMLP, pre-LN stacks). The
+    # official BiGS code has none: its MLM head normalises, so nothing bounds the residual stream, which grows
+    # to ~1e3 and saturates the finetuning pooler's tanh (issue 9). false = the official layout.
+    final_norm: bool = True
+    # Zero padded positions before token mixing (SSM convolutions, gMLP spatial projection), so an example's
+    # prediction does not depend on its batch's padding. false = the official BiGS code / gMLP paper.
+    mask_padding: bool = True
+    remat: bool = False  # rematerialise each block in the backward pass (less memory, more compute)
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
+
+    def __new__(cls, *args, **kwargs):
+        if cls is ModelConfig:  # dispatch to the family's own class
+            arch = kwargs.get("arch", "bigs")
+            if arch not in FAMILIES:
+                raise ValueError(f"unknown model.arch {arch!r}; expected one of {', '.join(FAMILIES)}")
+            cls = config_class(arch)
+        return super().__new__(cls)
+
+
+@dataclasses.dataclass(frozen=True)
+class SSMFields:
+    """Fields of the families that use S4D kernels (BiGS and stack/ssm; bigs_official.md §3)."""
+
+    num_ssm: int = 64  # N, states per SSM
+    a_init: Literal["hippo", "lin", "inv"] = "hippo"  # S4D initialisation of A (official default: hippo)
+    ssm_kernels: Literal["shared", "per_channel"] = "shared"  # official BiGS: one kernel for all channels
+
+
+def fields_of(arch: str) -> set[str]:
+    return {f.name for f in dataclasses.fields(config_class(arch))}
+
+
+def owners(field: str) -> list[str]:
+    """The archs whose config has ``field`` (for 'belongs to another family' errors)."""
+    return [a for a in FAMILIES if field in fields_of(a)]
+
+
+def all_config_classes() -> list[type[ModelConfig]]:
+    seen: list[type[ModelConfig]] = []
+    for arch in FAMILIES:
+        c = config_class(arch)
+        if c not in seen:
+            seen.append(c)
+    return seen
