@@ -21,10 +21,11 @@ import numpy as np
 from flax import nnx
 
 from ssmlm.models import build_mlm, count_params
+from ssmlm.objectives import make_batch
+from ssmlm.objectives.losses import token_prediction_loss
 from ssmlm.recipe import ModelConfig, TrainConfig
 from ssmlm.train.loop import make_train_step
 from ssmlm.train.optim import make_optimizer
-from ssmlm.train.stages import mlm_loss
 
 
 def model_cfg(arch: str, d: int, layers: int, seq_len: int, vocab: int) -> ModelConfig:
@@ -37,14 +38,15 @@ def tokens_per_second(cfg: ModelConfig, batch: int, seq_len: int, steps: int) ->
     graphdef, params = nnx.split(model, nnx.Param)
     tx, _ = make_optimizer(TrainConfig(steps=1000, warmup_steps=0), 1000)
     opt_state = tx.init(params)
-    step_fn = make_train_step(mlm_loss, tx, graphdef, seed=0)
+    step_fn = make_train_step(token_prediction_loss, tx, graphdef, seed=0)
     rng = np.random.default_rng(0)
     preds = max(1, round(0.15 * seq_len))
-    b = {
-        "input_ids": rng.integers(5, cfg.vocab_size, (batch, seq_len)).astype(np.int32),
-        "masked_lm_positions": np.sort(rng.integers(1, seq_len, (batch, preds)), axis=1).astype(np.int32),
-        "masked_lm_ids": rng.integers(5, cfg.vocab_size, (batch, preds)).astype(np.int32),
-    }
+    b = make_batch(
+        rng.integers(5, cfg.vocab_size, (batch, seq_len)),
+        rng.integers(5, cfg.vocab_size, (batch, preds)),
+        np.ones((batch, preds)),
+        target_positions=np.sort(rng.integers(1, seq_len, (batch, preds)), axis=1),
+    )
     params, opt_state, out = step_fn(params, opt_state, b, 0)  # compile
     jax.block_until_ready(out["loss"])
     t = time.perf_counter()

@@ -335,7 +335,7 @@ def same_as_fresh_init(run_dir: Path) -> bool:
     from flax import nnx
 
     from ssmlm.models import build_mlm
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     run = open_run(run_dir)
     saved, _ = run.load_model()
@@ -585,7 +585,7 @@ def main(argv=None) -> dict:
         base = [f"data.source={json.dumps(data['pretrain_dir'])}", f"data.vocab_size={size['vocab_size']}",
                 *(f"model.{k}={v}" for k, v in cfg.items())]  # fmt: skip
         if a.quick:
-            base += ["train.batch_size=16", "train.log_every=5", "data.duplicate_factor=2"]
+            base += ["train.batch_size=16", "train.log_every=5", "objective.duplicate_factor=2"]
         starts = {}
         # --- MLM pretraining on the first 80%
         t0 = time.time()
@@ -603,7 +603,7 @@ def main(argv=None) -> dict:
         if not same_as_fresh_init(d):
             raise RuntimeError(f"{d}: the random-init run's parameters differ from a fresh initialisation")
         timings["random_init"] += time.time() - t0
-        from ssmlm.train.stages import open_run
+        from ssmlm.runs import open_run
 
         run = open_run(starts["pretrained"][0])
         fams[fam] = {

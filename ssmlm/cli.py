@@ -394,9 +394,9 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
-    from ssmlm.evaluate.runner import evaluate as run_evaluate
     from ssmlm.recipe import TaskConfig
     from ssmlm.runs import open_run
+    from ssmlm.train.evaluate import evaluate as run_evaluate
 
     run = open_run(ckpt)
     task_cfg = None

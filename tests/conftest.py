@@ -51,16 +51,17 @@ def corpus_file(tmp_path):
     return d
 
 
-def tiny_recipe(path, corpus, model=None, data=None, train=None):
+def tiny_recipe(path, corpus, model=None, data=None, train=None, objective=None):
     """Write a recipe over the shipped `default` with a tiny model, the given corpus and runs under
-    path's folder; ``model``/``data``/``train`` override the small defaults."""
+    path's folder; ``model``/``data``/``train``/``objective`` override the small defaults."""
     import yaml
 
     recipe = {
         "base": "default",
         "model": {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32, "max_seq_length": 32, "num_ssm": 8,
                   **(model or {})},
-        "data": {"source": str(corpus), "vocab_size": 150, "duplicate_factor": 1, **(data or {})},
+        "data": {"source": str(corpus), "vocab_size": 150, **(data or {})},
+        "objective": {"duplicate_factor": 1, **(objective or {})},
         "train": {"steps": 6, "batch_size": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
                   "out_dir": str(path.parent / "runs"), **(train or {})},
     }  # fmt: skip

@@ -341,7 +341,7 @@ def test_resume_falls_back_to_the_previous_checkpoint(trained, damage):
     assert [x["step"] for x in rows if "split" not in x] == [1, 2, 3, 4]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["start_step"] == 2 and summary["final_step"] == 4
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     _, meta = open_run(run).load_model()
     assert meta["step"] == 4

@@ -38,7 +38,8 @@ def tiny_recipes(tmp_path, corpus_file):
 base: default
 name: tiny
 model: {{hidden_size: 32, num_layers: 2, intermediate_size: 64, max_seq_length: 32, num_ssm: 16}}
-data: {{source: "{corpus_file}", vocab_size: 200, duplicate_factor: 2, validation_fraction: 0.1}}
+data: {{source: "{corpus_file}", vocab_size: 200, validation_fraction: 0.1}}
+objective: {{duplicate_factor: 2}}
 train: {{steps: 300, batch_size: 8, learning_rate: 3.0e-3, log_every: 5, eval_every: 100, eval_batches: 2,
          checkpoint_every: 20, out_dir: "{runs}"}}
 """
@@ -149,7 +150,7 @@ def test_full_pipeline(tiny_recipes):
     k = np.load(run_dir / "analysis" / "kernels.npz")
     assert k["forward"].shape == (2, 32) and k["backward"].shape == (2, 32)
     from ssmlm.models import s4d
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     model, _ = open_run(run_dir).load_model()
     ssm = model.encoder.layers[1].ssm_b
@@ -164,7 +165,7 @@ def test_extend_length_keeps_learned_weights(tiny_recipes):
     invoke("pretrain", tmp / "tiny.yaml", "--set", "train.steps=6", "--name", "short", "-q")
     invoke("extend-length", tmp / "tiny_extend.yaml", "--from", runs / "short", "--set", "train.steps=1",
            "--set", "train.learning_rate=1e-12", "--set", "train.out_dir=" + str(runs), "-q")  # fmt: skip
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     src, _ = open_run(runs / "short").load_model()
     ext, _ = open_run(runs / "short-L64").load_model()

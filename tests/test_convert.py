@@ -15,9 +15,9 @@ from flax import nnx, serialization
 from scipy.special import erf
 
 from ssmlm.errors import CheckpointError
-from ssmlm.models.convert import model_config_from_official, read_official
-from ssmlm.runs.importing import import_bigs
-from ssmlm.train.stages import open_run
+from ssmlm.models.convert import model_config_from_official
+from ssmlm.runs.importing import import_bigs, read_official
+from ssmlm.runs import open_run
 
 V, H, I, LAYERS, N, L = 40, 16, 48, 2, 8, 16  # noqa: E741
 WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "big", "small", "red", "blue", "house", "tree"]
@@ -392,7 +392,8 @@ def test_cli_import_then_analyze_and_finetune_from_mnli(tmp_path):
     r = runner.invoke(app, ["import-bigs", str(tmp_path / "mnli"), "--out", str(tmp_path / "runs/mnli")])
     assert r.exit_code == 0, r.output
     from ssmlm.models import build_classifier
-    from ssmlm.train.stages import open_run, transplant
+    from ssmlm.runs import open_run
+    from ssmlm.train.transfer import transplant
 
     src = open_run(tmp_path / "runs/mnli")
     mnli, _ = src.load_model()

@@ -12,7 +12,7 @@ from flax import nnx
 from typer.testing import CliRunner
 
 from ssmlm.cli import app
-from ssmlm.train.stages import open_run
+from ssmlm.runs import open_run
 
 runner = CliRunner()
 
@@ -39,7 +39,8 @@ def base(tmp_path_factory):
         f"""
 base: default
 model: {{hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 48, num_ssm: 8}}
-data: {{source: "{corpus}", vocab_size: 200, duplicate_factor: 1}}
+data: {{source: "{corpus}", vocab_size: 200}}
+objective: {{duplicate_factor: 1}}
 train: {{steps: 4, batch_size: 8, eval_every: 0, checkpoint_every: 0, out_dir: "{tmp / "runs"}"}}
 """
     )

@@ -258,7 +258,7 @@ def test_runs_written_before_the_layout_options_keep_their_layout(tmp_path):
     import yaml
 
     from ssmlm.recipe import Recipe
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     current = Recipe(model=tiny("bigs")).to_dict()
     old = json.loads(json.dumps(current))

@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 from ssmlm.cli import app
 from ssmlm.models import build_mlm
 from ssmlm.recipe import ModelConfig
-from ssmlm.train.stages import extend_hook, open_run, transplant
+from ssmlm.models import extend_hook
+from ssmlm.runs import open_run
+from ssmlm.train.transfer import transplant
 
 runner = CliRunner()
 
@@ -71,7 +73,8 @@ def test_extend_length_trains_at_4x(arch, tmp_path, corpus_file):
         f"""
 base: default
 model: {{arch: {arch}, hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 16, num_heads: 2}}
-data: {{source: "{corpus_file}", vocab_size: 150, duplicate_factor: 1}}
+data: {{source: "{corpus_file}", vocab_size: 150}}
+objective: {{duplicate_factor: 1}}
 train: {{steps: 2, batch_size: 4, log_every: 1, eval_every: 0, checkpoint_every: 0, out_dir: "{tmp_path / "runs"}"}}
 """
     )

@@ -16,7 +16,7 @@ from flax import nnx
 from typer.testing import CliRunner
 
 from ssmlm.cli import app
-from ssmlm.train.stages import open_run
+from ssmlm.runs import open_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ PRETRAIN = sorted(set(builtin_recipes()) - FINETUNE)
 SMALL = [
     "model.hidden_size=16", "model.num_layers=1", "model.intermediate_size=32", "model.max_seq_length=32",
     "model.num_ssm=8", "model.num_heads=2", "model.tiny_attention_size=8", "data.vocab_size=150",
-    "data.duplicate_factor=1", "data.max_predictions=5", "train.steps=2", "train.batch_size=4",
+    "objective.duplicate_factor=1", "objective.max_predictions=5", "train.steps=2", "train.batch_size=4",
     "train.eval_every=0", "train.checkpoint_every=0", "train.grad_accum=1",
 ]  # fmt: skip
 

@@ -17,7 +17,7 @@ from conftest import tiny_recipe
 from typer.testing import CliRunner
 
 from ssmlm.cli import app
-from ssmlm.train.stages import open_run
+from ssmlm.runs import open_run
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ from ssmlm.cli import app
 from ssmlm.models import build_mlm
 from ssmlm.recipe import ModelConfig, TrainConfig
 from ssmlm.train.optim import is_ssm, make_optimizer
-from ssmlm.train.stages import open_run
+from ssmlm.runs import open_run
 
 runner = CliRunner()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmlm.data.squad import untruncated
-from ssmlm.data.tasks import TaskData, TaskDef
+from ssmlm.data.taskdef import TaskData, TaskDef
 from ssmlm.errors import DataError
 from ssmlm.evaluate.squad_metrics import normalize_answer
 

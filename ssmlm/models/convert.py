@@ -37,7 +37,6 @@ max_position_embeddings to reproduce the official outputs exactly (the backward 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -75,47 +74,6 @@ SCALING = {"hippo": "hippo", "lin": "lin", "inv": "inv"}
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def _resolve(src: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The local directory holding the checkpoint, downloading a ``hub:OWNER/NAME[@REVISION]`` first."""
-    text = str(src)
-    if text.startswith(HUB_PREFIX):
-        return _download(text[len(HUB_PREFIX) :])
-    p = Path(text).expanduser()
-    if p.is_file() and p.name == WEIGHTS_FILE:
-        p = p.parent
-    if not p.is_dir():
-        raise CheckpointError(
-            f"BiGS checkpoint '{src}': no such directory (expected a directory holding {CONFIG_FILE} and "
-            f"{WEIGHTS_FILE}, or hub:OWNER/NAME such as hub:JunxiongWang/BiGS_512)"
-        )
-    return p.resolve(), {"source": str(p.resolve())}
-
-
-def _download(name: str) -> tuple[Path, dict[str, Any]]:
-    repo, _, revision = name.partition("@")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
-        raise CheckpointError(f"'hub:{name}': expected hub:OWNER/NAME[@REVISION], e.g. hub:JunxiongWang/BiGS_512")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise CheckpointError(
-            f"hub:{name}: downloading needs the huggingface_hub package (pip install huggingface_hub)"
-        ) from None
-    from ssmlm.data.hub import offline_reason
-
-    offline = offline_reason()  # offline, huggingface_hub only looks in its cache: no retries
-    try:
-        path = snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES)
-    except Exception as e:  # offline, unknown repo, no access, network: all one line for the user
-        why = f"{offline}, and not in the local cache" if offline else _first_line(e)
-        raise CheckpointError(
-            f"hub:{name}: could not download the checkpoint ({type(e).__name__}: {why}); download "
-            f"{CONFIG_FILE}, {WEIGHTS_FILE} and vocab.txt by hand and pass their directory"
-        ) from None
-    path = Path(path)
-    return path, {"source": f"{HUB_PREFIX}{name}", "source_revision": path.name}
 
 
 def _first_line(e: BaseException, limit: int = 200) -> str:
@@ -158,16 +116,6 @@ def _read_dir(d: Path, src: str) -> tuple[dict, dict[str, np.ndarray]]:
     if set(tree) == {"params"} and isinstance(tree["params"], dict):  # a tree saved with its collection name
         tree = tree["params"]
     return config, _flatten(tree)
-
-
-def read_official(src: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config.json as a dict, {"s4_bert/embeddings/...": array}) of an official BiGS checkpoint.
-
-    ``src`` is a local directory with config.json and flax_model.msgpack, or ``hub:OWNER/NAME[@REVISION]``
-    (downloaded with huggingface_hub; a clear CheckpointError when offline or missing).
-    """
-    d, _ = _resolve(src)
-    return _read_dir(d, str(src))
 
 
 # ----------------------------------------------------------------------------- config
@@ -325,32 +273,3 @@ def _official_name(path: tuple) -> str:
 
 
 # ----------------------------------------------------------------------------- run directory
-
-
-def _tokenizer(d: Path, vocab_size: int, src: str):
-    from ssmlm.data.tokenizer import load_tokenizer
-    from ssmlm.errors import DataError
-
-    lowercase = True
-    tc = d / "tokenizer_config.json"
-    if tc.is_file():
-        try:
-            lowercase = bool(json.loads(tc.read_text()).get("do_lower_case", True))
-        except (OSError, ValueError, AttributeError):
-            pass
-    for name in ("vocab.txt", "tokenizer.json"):  # vocab.txt first: our own BERT pipeline around it
-        if (d / name).is_file():
-            try:
-                tok = load_tokenizer(d / name, lowercase=lowercase)
-            except DataError as e:
-                raise CheckpointError(str(e)) from None
-            if tok.get_vocab_size() > vocab_size:
-                raise CheckpointError(
-                    f"{d / name}: {tok.get_vocab_size()} tokens, but the checkpoint's vocabulary "
-                    f"has only {vocab_size} rows"
-                )
-            return tok, lowercase
-    raise CheckpointError(
-        f"BiGS checkpoint '{src}': no vocab.txt or tokenizer.json next to the weights; copy the "
-        "bert-large-uncased vocab.txt into it (the released BiGS models use that tokenizer)"
-    )
