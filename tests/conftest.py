@@ -56,9 +56,10 @@ def tiny_recipe(path, corpus, model=None, data=None, train=None, objective=None)
     path's folder; ``model``/``data``/``train``/``objective`` override the small defaults."""
     import yaml
 
+    ssm = {} if (model or {}).get("arch") in ("gmlp", "amlp") else {"num_ssm": 8}  # gMLP has no SSM fields
     recipe = {
         "base": "default",
-        "model": {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32, "max_seq_length": 32, "num_ssm": 8,
+        "model": {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32, "max_seq_length": 32, **ssm,
                   **(model or {})},
         "data": {"source": str(corpus), "vocab_size": 150, **(data or {})},
         "objective": {"duplicate_factor": 1, **(objective or {})},

@@ -138,8 +138,14 @@ CASES = [
      lambda c: ["'train.learning_rate' = -1.0"]),
     ("learning_rate_nan", lambda c: ["pretrain", c.recipe(), "--set", "train.learning_rate=.nan"],
      lambda c: ["--set", "'train.learning_rate' = nan"]),
-    ("masked_lm_prob_above_1", lambda c: ["pretrain", c.recipe(data={"masked_lm_prob": 1.5})],
-     lambda c: ["'data.masked_lm_prob' = 1.5", "(0, 1]"]),
+    ("masked_lm_prob_above_1", lambda c: ["pretrain", c.recipe(objective={"masked_lm_prob": 1.5})],
+     lambda c: ["'objective.masked_lm_prob' = 1.5", "(0, 1]"]),
+    ("masked_lm_prob_in_data", lambda c: ["pretrain", c.recipe(data={"masked_lm_prob": 0.2})],
+     lambda c: [c.tmp / "r.yaml", "'data.masked_lm_prob' has moved to 'objective.masked_lm_prob'"]),
+    ("field_of_another_family", lambda c: ["pretrain", c.recipe(model={"sgu": "linear"})],
+     lambda c: [c.tmp / "r.yaml", "'model.sgu' is not an option of model.arch 'bigs'", "gmlp"]),
+    ("unknown_objective", lambda c: ["pretrain", c.recipe(objective={"kind": "mlmm"})],
+     lambda c: ["'objective.kind' = 'mlmm'", "did you mean 'mlm'"]),
     ("dropout_1", lambda c: ["pretrain", c.recipe(model={"dropout": 1.0})], lambda c: ["'model.dropout' = 1.0"]),
     ("warmup_ratio_2", lambda c: ["pretrain", c.recipe(), "--set", "train.warmup_ratio=2"],
      lambda c: ["--set", "'train.warmup_ratio' = 2.0", "[0, 1]"]),
@@ -267,13 +273,17 @@ def test_every_numeric_recipe_field_has_a_range():
     import typing
 
     from ssmlm.checks import FIELDS
+    from ssmlm.models.config import ModelConfig, all_config_classes
     from ssmlm.recipe import Recipe
 
     def fields(cls, prefix=""):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
-            if dataclasses.is_dataclass(tp):
+            if tp is ModelConfig:  # the model section's fields are each family's
+                for family in all_config_classes():
+                    yield from fields(family, f"{prefix}{f.name}.")
+            elif dataclasses.is_dataclass(tp):
                 yield from fields(tp, f"{prefix}{f.name}.")
             else:
                 yield prefix + f.name, set(typing.get_args(tp) or (tp,))

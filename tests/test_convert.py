@@ -16,8 +16,8 @@ from scipy.special import erf
 
 from ssmlm.errors import CheckpointError
 from ssmlm.models.convert import model_config_from_official
-from ssmlm.runs.importing import import_bigs, read_official
 from ssmlm.runs import open_run
+from ssmlm.runs.importing import import_bigs, read_official
 
 V, H, I, LAYERS, N, L = 40, 16, 48, 2, 8, 16  # noqa: E741
 WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "big", "small", "red", "blue", "house", "tree"]

@@ -16,6 +16,7 @@ from ssmlm.models import (
     count_params,
     encoder_class,
 )
+from ssmlm.models.config import fields_of
 from ssmlm.models.flops import abstract, flops_per_token
 from ssmlm.recipe import ModelConfig, load_recipe
 
@@ -26,7 +27,8 @@ ATTENTION = {"bert", "gated_att"}
 def tiny(arch, **kw):
     base = dict(arch=arch, vocab_size=40, hidden_size=16, num_layers=2, intermediate_size=32, max_seq_length=12,
                 num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.0)  # fmt: skip
-    return ModelConfig(**{**base, **kw})
+    own = fields_of(arch)  # each family has its own fields
+    return ModelConfig(**{k: v for k, v in base.items() if k in own}, **kw)
 
 
 def encoder(arch, seed=0, **kw):

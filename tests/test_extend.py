@@ -11,9 +11,9 @@ from flax import nnx
 from typer.testing import CliRunner
 
 from ssmlm.cli import app
-from ssmlm.models import build_mlm
+from ssmlm.models import build_mlm, extend_hook
+from ssmlm.models.config import fields_of
 from ssmlm.recipe import ModelConfig
-from ssmlm.models import extend_hook
 from ssmlm.runs import open_run
 from ssmlm.train.transfer import transplant
 
@@ -21,8 +21,9 @@ runner = CliRunner()
 
 
 def cfg(arch, n, **kw):
-    return ModelConfig(arch=arch, vocab_size=40, hidden_size=16, num_layers=2, intermediate_size=32, max_seq_length=n,
-                       num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.0, **kw)  # fmt: skip
+    base = dict(arch=arch, vocab_size=40, hidden_size=16, num_layers=2, intermediate_size=32, max_seq_length=n,
+                num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.0)  # fmt: skip
+    return ModelConfig(**{k: v for k, v in base.items() if k in fields_of(arch)}, **kw)
 
 
 def extended(arch, n_old=8, n_new=32, position_init="tile"):

@@ -94,3 +94,19 @@ def test_the_rules_catch_a_violation(tmp_path):
     edges = imports(mods)
     assert edges["ssmlm.models.x"] == {"ssmlm.train.loop"} and edges["ssmlm.train.loop"] == {"ssmlm.models.x"}
     assert layer("ssmlm.train.loop") > layer("ssmlm.models.x")
+
+
+def test_analyses_registry_finds_every_analysis_module():
+    """Adding an analysis is adding a file: every module of ssmlm.analyze with a `command` is registered,
+    and its help says which figure or table it reproduces."""
+    from typer.testing import CliRunner
+
+    from ssmlm.analyze import registry
+    from ssmlm.cli import app
+
+    found = registry()
+    assert "kernels" in found
+    for name, module in found.items():
+        assert module.FIGURE and module.FIGURE in module.command.__doc__, name
+    out = CliRunner().invoke(app, ["analyze", "--help"]).output
+    assert all(name in out for name in found)

@@ -110,8 +110,8 @@ def test_dataset_fingerprint_ignores_masking(tmp_path, corpus_file):
     from ssmlm.data.preprocess import preprocess
 
     r1 = load_recipe(str(tiny_recipe(tmp_path / "a.yaml", corpus_file, objective={"duplicate_factor": 1})))
-    r2 = load_recipe(str(tiny_recipe(tmp_path / "b.yaml", corpus_file, objective={"duplicate_factor": 4,
-                                                                                    "masked_lm_prob": 0.3})))  # fmt: skip
+    other = {"duplicate_factor": 4, "masked_lm_prob": 0.3, "masking": "dynamic"}
+    r2 = load_recipe(str(tiny_recipe(tmp_path / "b.yaml", corpus_file, objective=other)))
     assert preprocess(r1.data, 32, quiet=True) == preprocess(r2.data, 32, quiet=True)
 
 

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from ssmlm.models.config import fields_of
 from ssmlm.recipe import builtin_recipes, load_recipe
 
 FINETUNE = {"finetune_default", "glue_bigs", "squad_bigs", "scrolls_bigs"}
@@ -13,10 +14,13 @@ PRETRAIN = sorted(set(builtin_recipes()) - FINETUNE)
 
 SMALL = [
     "model.hidden_size=16", "model.num_layers=1", "model.intermediate_size=32", "model.max_seq_length=32",
-    "model.num_ssm=8", "model.num_heads=2", "model.tiny_attention_size=8", "data.vocab_size=150",
+    "data.vocab_size=150",
     "objective.duplicate_factor=1", "objective.max_predictions=5", "train.steps=2", "train.batch_size=4",
     "train.eval_every=0", "train.checkpoint_every=0", "train.grad_accum=1",
 ]  # fmt: skip
+
+
+FAMILY_SMALL = {"num_ssm": 8, "num_heads": 2, "tiny_attention_size": 8}
 
 
 def test_every_recipe_is_listed():
@@ -32,7 +36,9 @@ def test_recipe_trains_small(name, tmp_path, corpus_file):
     from ssmlm.cli import app
 
     os.chdir(tmp_path)
-    sets = [*SMALL, f"data.source={corpus_file}", f"train.out_dir={tmp_path / 'runs'}"]
+    own = fields_of(load_recipe(name).model.arch)  # only the family's own size fields
+    family = [f"model.{k}={v}" for k, v in FAMILY_SMALL.items() if k in own]
+    sets = [*SMALL, *family, f"data.source={corpus_file}", f"train.out_dir={tmp_path / 'runs'}"]
     args = ["pretrain", name, "--name", "smoke", "-q"] + [x for s in sets for x in ("--set", s)]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from ssmlm.cli import app
 from ssmlm.models import build_mlm
 from ssmlm.recipe import ModelConfig, TrainConfig
-from ssmlm.train.optim import is_ssm, make_optimizer
 from ssmlm.runs import open_run
+from ssmlm.train.optim import is_ssm, make_optimizer
 
 runner = CliRunner()
 

@@ -22,7 +22,7 @@ def command(
     window: Annotated[int, typer.Option("--window", help="Relative positions shown on each side (paper: 10).")] = 10,
     out: Annotated[str | None, typer.Option("--out", help="Output directory (default: RUN/analysis).")] = None,
 ):
-    """Plot every layer's forward and backward SSM kernel, like the BiGS paper's Figure 3.
+    """Plot every layer's forward and backward SSM kernel (BiGS Figure 3).
 
     Example: ssmlm analyze kernels --ckpt runs/default
     """

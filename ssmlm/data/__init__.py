@@ -1,0 +1,8 @@
+"""Data: text in, tokens out. Corpora (local files, the built-in corpus, the hub), tokenizers, preprocessing
+into token shards on disk, the deterministic batch sampler over them, and the finetuning tasks' readers
+(GLUE, SQuAD, SCROLLS, local files). Turning tokens into training examples is not done here: that is an
+objective's job (ssmlm.objectives).
+
+May import: ssmlm.errors, ssmlm.progress, ssmlm.recipe (its config sections). Never models, objectives,
+runs, train, analyze or cli.
+"""

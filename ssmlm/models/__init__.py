@@ -8,11 +8,14 @@ of ssmlm: no recipe, data, objectives, train or analyze code.
 from __future__ import annotations
 
 import dataclasses
-
-from flax import nnx
+from typing import TYPE_CHECKING
 
 from ssmlm.models.config import FAMILIES, ModelConfig, family
-from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
+
+if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.models stays instant
+    from flax import nnx
+
+    from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
 
 # every arch, by family module (ssmlm.models.config.FAMILIES)
 ENCODERS = FAMILIES
@@ -32,21 +35,37 @@ def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
 
 
 def build_mlm(cfg: ModelConfig, seed: int = 0) -> MaskedLM:
+    from flax import nnx
+
+    from ssmlm.models.heads import MaskedLM
+
     rngs = nnx.Rngs(params=seed)
     return MaskedLM(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def build_classifier(cfg: ModelConfig, num_labels: int, seed: int = 0) -> SequenceClassifier:
+    from flax import nnx
+
+    from ssmlm.models.heads import SequenceClassifier
+
     rngs = nnx.Rngs(params=seed)
     return SequenceClassifier(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, num_labels, rngs=rngs)
 
 
 def build_span(cfg: ModelConfig, seed: int = 0) -> SpanExtractor:
+    from flax import nnx
+
+    from ssmlm.models.heads import SpanExtractor
+
     rngs = nnx.Rngs(params=seed)
     return SpanExtractor(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
+    from flax import nnx
+
+    from ssmlm.models.heads import MultipleChoice
+
     rngs = nnx.Rngs(params=seed)
     return MultipleChoice(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
@@ -54,5 +73,6 @@ def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
 def count_params(model: nnx.Module) -> int:
     """Parameters of a model (works on an abstract one from nnx.eval_shape: nothing is allocated)."""
     import jax
+    from flax import nnx
 
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -50,33 +50,17 @@ W_u2=duc_backward, W_u=dol, W_o=do, SSM_f=fs4, SSM_b=bs4.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models import s4d
-from ssmlm.models.config import ModelConfig, SSMFields
+from ssmlm.models.config import BiGSConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, dropout, gelu, layer_norm, padding_mask
 
-
-@dataclasses.dataclass(frozen=True)
-class BiGSConfig(SSMFields, ModelConfig):
-    """`model:` fields of the gated family: bigs (gated/ssm) and gated_att (gated/att, an ablation)."""
-
-    arch: Literal["bigs", "gated_att"] = "bigs"
-    # LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
-    # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
-    gate_norm: bool = False
-    num_heads: int = 16  # gated_att: attention heads
-
 __all__ = ["DTYPES", "dense", "dropout", "gelu", "layer_norm", "SSM", "GatedLayer", "BiGSEncoder"]
-
-
-Config = BiGSConfig  # the family's config class (ssmlm.models.config)
 
 
 def flip(x: jax.Array) -> jax.Array:
@@ -199,6 +183,7 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
+Config = BiGSConfig  # this family's `model:` fields (ssmlm.models.config)
 ENCODERS = {"bigs": BiGSEncoder, "gated_att": GatedAttentionEncoder}
 
 

@@ -1,13 +1,14 @@
-"""The `model:` section of a recipe: the fields every family shares, and the registry of families.
+"""The `model:` section of a recipe: the fields every family shares, each family's own config class, and
+the registry of families. Plain dataclasses (no jax), so that reading and checking a recipe stays instant.
 
-Each family (a module of ssmlm.models) owns its own config class (a subclass of ModelConfig with its
-extra fields), its encoders, its closed-form parameter count, its extra FLOPs and, where the family has
+Each family has its own config class (a subclass of ModelConfig with its extra fields, below) and a module
+of ssmlm.models with its encoders, its extra FLOPs (``mixing_flops``) and, where the family has
 length-dependent parameters, its ``extend_params``. ``model.arch`` picks the family: ``ModelConfig(arch=
-"gmlp", sgu=...)`` builds a ``GMLPConfig``, and a recipe naming a field of another family is refused with
-the family that has it.
+"gmlp", sgu=...)`` builds a ``GMLPConfig``, and a recipe naming a field of another family is refused with the
+family that has it.
 
-Adding a family is adding a module with ``Config``, ``ENCODERS`` (arch -> encoder class), ``param_count``
-and ``mixing_flops`` (and optionally ``extend_params``), and listing its archs in FAMILIES.
+Adding a family is adding its config class here, a module with ``Config``, ``ENCODERS`` (arch -> encoder
+class) and ``mixing_flops``, and its archs in FAMILIES.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def family(arch: str) -> ModuleType:
 
 
 def config_class(arch: str) -> type[ModelConfig]:
-    return family(arch).Config
+    return CONFIGS[FAMILIES[arch]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,3 +103,41 @@ def all_config_classes() -> list[type[ModelConfig]]:
         if c not in seen:
             seen.append(c)
     return seen
+
+
+@dataclasses.dataclass(frozen=True)
+class BiGSConfig(SSMFields, ModelConfig):
+    """`model:` fields of the gated family: bigs (gated/ssm) and gated_att (gated/att, an ablation)."""
+
+    arch: Literal["bigs", "gated_att"] = "bigs"
+    # LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
+    # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
+    gate_norm: bool = False
+    num_heads: int = 16  # gated_att: attention heads
+
+
+@dataclasses.dataclass(frozen=True)
+class StackConfig(SSMFields, ModelConfig):
+    """`model:` fields of the stacked family: bert (stack/att) and stack_ssm."""
+
+    arch: Literal["stack_ssm", "bert"] = "bert"
+    num_heads: int = 16  # bert: attention heads
+    # pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
+    stack_norm: Literal["pre", "post"] = "pre"
+
+
+@dataclasses.dataclass(frozen=True)
+class GMLPConfig(ModelConfig):
+    """`model:` fields of gMLP and aMLP."""
+
+    arch: Literal["gmlp", "amlp"] = "gmlp"
+    sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
+        "split_multiplicative"  # gMLP Table 3
+    )
+    spatial: Literal["toeplitz", "dense"] = "toeplitz"  # spatial weights (Toeplitz for MLM: 2n-1 params)
+    tiny_attention_size: int = 64  # aMLP: width of the single-head attention
+    causal: bool = False  # causal spatial weights (never look ahead)
+
+
+# family module -> its config class
+CONFIGS = {"ssmlm.models.bigs": BiGSConfig, "ssmlm.models.stack": StackConfig, "ssmlm.models.gmlp": GMLPConfig}

@@ -75,28 +75,12 @@ tests/test_gmlp.py pins them within 2%):
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.config import ModelConfig
+from ssmlm.models.config import GMLPConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm, padding_mask
-
-
-@dataclasses.dataclass(frozen=True)
-class GMLPConfig(ModelConfig):
-    """`model:` fields of gMLP and aMLP."""
-
-    arch: Literal["gmlp", "amlp"] = "gmlp"
-    sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
-        "split_multiplicative"  # gMLP Table 3
-    )
-    spatial: Literal["toeplitz", "dense"] = "toeplitz"  # spatial weights (Toeplitz for MLM: 2n-1 params)
-    tiny_attention_size: int = 64  # aMLP: width of the single-head attention
-    causal: bool = False  # causal spatial weights (never look ahead)
 
 # (num_layers, hidden_size, intermediate_size, tiny attention size or None, paper's params in millions)
 GMLP_SIZES = {
@@ -109,9 +93,6 @@ GMLP_SIZES = {
 }
 
 SPATIAL_INIT_EPS = 1e-3  # W ~ U(-ε/n, ε/n): near zero, so f(Z) ≈ b = 1 at init (Section 2.1)
-
-
-Config = GMLPConfig  # the family's config class (ssmlm.models.config)
 
 
 def gate_width(cfg: ModelConfig) -> int:
@@ -284,6 +265,7 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
+Config = GMLPConfig  # this family's `model:` fields (ssmlm.models.config)
 ENCODERS = {"gmlp": GMLPEncoder, "amlp": GMLPEncoder}
 
 

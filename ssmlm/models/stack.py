@@ -19,29 +19,14 @@ layers at the same size). The SSM inputs are zeroed at padded positions (``mask_
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Literal
 
 import jax
 from flax import nnx
 
 from ssmlm.models.bigs import SSM, flip
-from ssmlm.models.config import ModelConfig, SSMFields
+from ssmlm.models.config import ModelConfig, StackConfig
 from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
-
-
-@dataclasses.dataclass(frozen=True)
-class StackConfig(SSMFields, ModelConfig):
-    """`model:` fields of the stacked family: bert (stack/att) and stack_ssm."""
-
-    arch: Literal["stack_ssm", "bert"] = "bert"
-    num_heads: int = 16  # bert: attention heads
-    # pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
-    stack_norm: Literal["pre", "post"] = "pre"
-
-
-Config = StackConfig  # the family's config class (ssmlm.models.config)
 
 
 class SSMRoute(nnx.Module):
@@ -107,6 +92,7 @@ class StackSSMEncoder(Encoder):
                 jnp.stack([k(layer.route.ssm_b) for layer in self.layers]))  # fmt: skip
 
 
+Config = StackConfig  # this family's `model:` fields (ssmlm.models.config)
 ENCODERS = {"bert": BertEncoder, "stack_ssm": StackSSMEncoder}
 
 
