@@ -6,11 +6,9 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 
 from ssmlm import checks
-from ssmlm.analyze.plots import plot_kernels
 from ssmlm.errors import UserError
 
 NAME = "kernels"
@@ -36,6 +34,10 @@ def command(
 
 
 def analyze_kernels(run, out_dir: Path, window: int = 10, length: int | None = None) -> dict:
+    import numpy as np
+
+    from ssmlm.analyze.plots import plot_kernels
+
     model, meta = run.load_model()
     encoder = model.encoder
     if not hasattr(encoder, "kernels"):

@@ -1,11 +1,9 @@
-"""Plots written by the commands (PNG, headless)."""
+"""Plots written by the commands (PNG, headless). numpy and matplotlib are imported on use (see the package doc)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import numpy as np
 
 
 def _plt():
@@ -52,7 +50,9 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def plot_kernels(fwd: np.ndarray, bwd: np.ndarray, window: int, title: str, out: Path) -> Path:
+def plot_kernels(fwd, bwd, window: int, title: str, out: Path) -> Path:
+    import numpy as np
+
     """BiGS Figure 3: per layer, |K| at relative positions -window..window, min-max scaled per row.
 
     The forward SSM reads the past, so its K[j] is drawn at relative position -j; the backward SSM
