@@ -8,7 +8,8 @@ import importlib
 from flax import nnx
 
 from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
-from ssmlm.recipe import ModelConfig
+from ssmlm.models.rules import ParamRule, user_rules
+from ssmlm.recipe import ModelConfig, TrainConfig
 
 # arch name -> "module:Class" (imported on use, so one family's module never loads another's)
 ENCODERS = {
@@ -24,6 +25,13 @@ ENCODERS = {
 def encoder_class(arch: str):
     module, name = ENCODERS[arch].split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+    """The optimizer's parameter rules for this model: the recipe's train.param_rules, then the family's own
+    (each family module's ``param_rules``, ending with a catch-all). First match wins; see ssmlm.models.rules."""
+    family = importlib.import_module(ENCODERS[cfg.arch].split(":")[0])
+    return user_rules(train) + family.param_rules(cfg, train)
 
 
 def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:

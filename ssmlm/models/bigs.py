@@ -56,7 +56,8 @@ from flax import nnx
 
 from ssmlm.models import s4d
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, dropout, gelu, layer_norm, padding_mask
-from ssmlm.recipe import ModelConfig
+from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
+from ssmlm.recipe import ModelConfig, TrainConfig
 
 __all__ = ["DTYPES", "dense", "dropout", "gelu", "layer_norm", "SSM", "GatedLayer", "BiGSEncoder"]
 
@@ -164,6 +165,12 @@ class BiGSEncoder(Encoder):
 class GatedAttentionEncoder(Encoder):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, GatedAttentionLayer, rngs=rngs)
+
+
+def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+    """Optimizer rules of bigs and gated/att (ssmlm.models.rules): the S4D parameters in their own rule
+    (train.ssm_lr_multiplier, train.ssm_weight_decay), no decay on biases and LayerNorm scales."""
+    return ([ssm_rule(train)] if cfg.arch == "bigs" else []) + common_rules()
 
 
 def param_count_formula(cfg: ModelConfig) -> dict[str, int]:

@@ -24,7 +24,8 @@ from flax import nnx
 
 from ssmlm.models.bigs import SSM, flip
 from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
-from ssmlm.recipe import ModelConfig
+from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
+from ssmlm.recipe import ModelConfig, TrainConfig
 
 
 class SSMRoute(nnx.Module):
@@ -88,3 +89,9 @@ class StackSSMEncoder(Encoder):
 
         return (jnp.stack([k(layer.route.ssm_f) for layer in self.layers]),
                 jnp.stack([k(layer.route.ssm_b) for layer in self.layers]))  # fmt: skip
+
+
+def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+    """Optimizer rules of stack/ssm and BERT (ssmlm.models.rules): stack/ssm's S4D parameters in their own
+    rule (train.ssm_lr_multiplier, train.ssm_weight_decay), no decay on biases and LayerNorm scales."""
+    return ([ssm_rule(train)] if cfg.arch == "stack_ssm" else []) + common_rules()
