@@ -264,13 +264,17 @@ def test_bad_user_rules_are_one_line_errors(value, message):
 
 
 def test_training_logs_the_rules(tmp_path, corpus_file):
-    """pretrain prints the table and writes it into the checkpoint manifest; a frozen rule holds in training."""
+    """pretrain prints the table and writes it into the checkpoint manifest; a frozen rule holds in training,
+    across a resume."""
     os.chdir(tmp_path)
     recipe = tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 2})
     freeze = 'train.param_rules=[{pattern: "^encoder/embeddings/word/", lr_multiplier: 0, name: words}]'
-    r = CliRunner().invoke(app, ["pretrain", str(recipe), "--name", "frozen", "--set", freeze])
+    args = ["pretrain", str(recipe), "--name", "frozen", "--set", freeze]
+    r = CliRunner().invoke(app, [*args, "--stop-after", "1"])
     assert r.exit_code == 0, r.output
     assert "parameter rules" in r.output and "words" in r.output
+    r = CliRunner().invoke(app, args)  # resumes: the frozen group's (empty) optimizer state restores too
+    assert r.exit_code == 0 and "resuming" in r.output, r.output
     from ssmlm.train.stages import open_run
 
     model, meta = open_run(tmp_path / "runs/frozen").load_model()
