@@ -36,7 +36,7 @@ def model_cfg(arch: str, d: int, layers: int, seq_len: int, vocab: int) -> Model
 def tokens_per_second(cfg: ModelConfig, batch: int, seq_len: int, steps: int) -> tuple[float, int]:
     model = build_mlm(cfg)
     graphdef, params = nnx.split(model, nnx.Param)
-    tx, _ = make_optimizer(TrainConfig(steps=1000, warmup_steps=0), 1000)
+    tx, _, _ = make_optimizer(TrainConfig(steps=1000, warmup_steps=0), 1000, params, cfg)
     opt_state = tx.init(params)
     step_fn = make_train_step(token_prediction_loss, tx, graphdef, seed=0)
     rng = np.random.default_rng(0)

@@ -13,6 +13,7 @@ Nothing heavy is imported here, so a mistake is reported at once. A new recipe f
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,14 @@ class Rule:
         if isinstance(value, float) and not math.isfinite(value):
             return False  # nan and inf pass comparisons such as > 0 (or fail them silently)
         return self.ok(value)
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
 
 
 def at_least(n: int) -> Rule:
@@ -54,9 +63,11 @@ NON_EMPTY = Rule(lambda v: bool(str(v).strip()), "a non-empty string")
 # A run name becomes one directory under train.out_dir: '' would be out_dir itself, 'a/b' or '..' another place.
 RUN_NAME = Rule(lambda v: v.strip() not in ("", ".", "..") and "/" not in v and "\\" not in v,
                 "a non-empty name without '/' (it names the run directory)")  # fmt: skip
+REGEX = Rule(lambda v: bool(v) and _compiles(v), "a non-empty Python regular expression")
 SEQ_LEN = Rule(lambda v: v >= 8, "at least 8 (room for [CLS], [SEP] and some text)")
 
 # dotted field -> allowed values (None always passes where the field allows it: it means "derive it").
+# 'list[].field' is a field of every item of a list of sections.
 FIELDS: dict[str, Rule] = {
     "name": RUN_NAME,
     "model.vocab_size": POSITIVE,
@@ -101,6 +112,8 @@ FIELDS: dict[str, Rule] = {
     "train.grad_clip": Rule(lambda v: v >= 0, "at least 0 (0 = off)"),
     "train.grad_accum": POSITIVE,
     "train.ssm_lr_multiplier": Rule(lambda v: v >= 0, "at least 0"),
+    "train.param_rules[].pattern": REGEX,
+    "train.param_rules[].lr_multiplier": Rule(lambda v: v >= 0, "at least 0 (0 = frozen)"),
     "train.max_skipped_steps": NON_NEGATIVE,
     "train.seed": NON_NEGATIVE,
     "train.log_every": POSITIVE,
@@ -181,6 +194,16 @@ def _get(obj, dotted: str):
     return obj
 
 
+def _items(recipe, key: str):
+    """(dotted key, value) of a FIELDS key; 'a.list[].x' gives one per item, as 'a.list[i].x'."""
+    if "[]." not in key:
+        yield key, _get(recipe, key)
+        return
+    outer, inner = key.split("[].", 1)
+    for i, item in enumerate(_get(recipe, outer) or []):
+        yield f"{outer}[{i}].{inner}", _get(item, inner)
+
+
 def _where(source, dotted: str) -> str:
     return source.of(dotted) if hasattr(source, "of") else str(source)
 
@@ -188,10 +211,10 @@ def _where(source, dotted: str) -> str:
 def validate(recipe, source: str = "recipe") -> None:
     """Raise a RecipeError for the first field outside its range or relation that does not hold.
     ``source`` is the recipe file, or the loader's Origins (which file or --set set each key)."""
-    for key, rule in FIELDS.items():
-        value = _get(recipe, key)
-        if value is not None and not rule.holds(value):
-            raise RecipeError(f"{_where(source, key)}: '{key}' = {value!r}: expected {rule.expected}")
+    for field, rule in FIELDS.items():
+        for key, value in _items(recipe, field):
+            if value is not None and not rule.holds(value):
+                raise RecipeError(f"{_where(source, key)}: '{key}' = {value!r}: expected {rule.expected}")
     for rel in RELATIONS:
         if rel.applies(recipe) and not rel.ok(recipe):
             # Point at the command line if one of the fields was set there (that is what the user just

@@ -80,6 +80,16 @@ class TaskConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParamRuleConfig:
+    """A user's parameter rule (train.param_rules); see ssmlm.models.rules for how rules are matched."""
+
+    pattern: str  # Python regex searched in the '/'-joined parameter path, e.g. '(^|/)ssm[^/]*/log_step$'
+    lr_multiplier: float = 1.0  # 0 freezes the parameters it catches
+    weight_decay: bool = True
+    name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training stage (pretrain, extend-length or finetune). Defaults: BiGS Table 7 pretraining."""
 
@@ -99,6 +109,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per update (same result, less activation memory)
     ssm_lr_multiplier: float = 1.0  # learning-rate factor for SSM parameters (S4 practice: < 1; official BiGS: 1)
     ssm_weight_decay: bool = True  # decay SSM parameters too (official BiGS: yes; S4 practice: no)
+    # Rules tried before the model family's own (first match wins), e.g. [{pattern: "^encoder/embeddings/",
+    # lr_multiplier: 0.0}] freezes the embeddings. See ssmlm.models.rules.
+    param_rules: list[ParamRuleConfig] = dataclasses.field(default_factory=list)
     max_skipped_steps: int = 10  # updates skipped for a non-finite loss/gradient before the run stops
     seed: int = 42
     log_every: int = 10

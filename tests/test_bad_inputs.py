@@ -285,6 +285,8 @@ def test_every_numeric_recipe_field_has_a_range():
                     yield from fields(family, f"{prefix}{f.name}.")
             elif dataclasses.is_dataclass(tp):
                 yield from fields(tp, f"{prefix}{f.name}.")
+            elif typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+                yield from fields(typing.get_args(tp)[0], f"{prefix}{f.name}[].")  # every item's fields
             else:
                 yield prefix + f.name, set(typing.get_args(tp) or (tp,))
 

@@ -11,11 +11,13 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ssmlm.models.config import FAMILIES, ModelConfig, family
+from ssmlm.models.rules import ParamRule, user_rules
 
 if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.models stays instant
     from flax import nnx
 
     from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
+    from ssmlm.recipe import TrainConfig
 
 # every arch, by family module (ssmlm.models.config.FAMILIES)
 ENCODERS = FAMILIES
@@ -28,6 +30,12 @@ def encoder_class(arch: str):
 def extend_hook(arch: str):
     """The family's ``extend_params`` (length-dependent parameters other than the position table), if any."""
     return getattr(family(arch), "extend_params", None)
+
+
+def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+    """The optimizer's parameter rules for this model: the recipe's train.param_rules, then the family's own
+    (each family module's ``param_rules``, ending with a catch-all). First match wins; see ssmlm.models.rules."""
+    return user_rules(train) + family(cfg.arch).param_rules(cfg, train)
 
 
 def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:

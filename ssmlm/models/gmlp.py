@@ -75,12 +75,18 @@ tests/test_gmlp.py pins them within 2%):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models.config import GMLPConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm, padding_mask
+from ssmlm.models.rules import ParamRule, common_rules
+
+if TYPE_CHECKING:  # models never import the recipe module at run time
+    from ssmlm.recipe import TrainConfig
 
 # (num_layers, hidden_size, intermediate_size, tiny attention size or None, paper's params in millions)
 GMLP_SIZES = {
@@ -243,6 +249,12 @@ class GMLPEncoder(Encoder):
         """W[:L, :L] of every block, (num_layers, L, L) — for `analyze` (the paper's Figures 3 and 4)."""
         length = length or self.cfg.max_seq_length
         return jnp.stack([layer.sgu.spatial.matrix(length) for layer in self.layers])
+
+
+def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+    """Optimizer rules of gMLP and aMLP (ssmlm.models.rules): no decay on biases (the spatial gate's bias
+    included) and LayerNorm scales, decay on everything else (the Toeplitz spatial weights included)."""
+    return common_rules()
 
 
 def param_count_formula(cfg: ModelConfig) -> dict[str, int]:

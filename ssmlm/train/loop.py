@@ -34,7 +34,7 @@ from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
 from ssmlm.runs.checkpoint import Checkpoints
 from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
-from ssmlm.train.optim import make_optimizer
+from ssmlm.train.optim import make_optimizer, rule_records, rule_table
 
 
 class Controller(Protocol):
@@ -220,7 +220,9 @@ def run(
     log = MetricsLog(run_dir / "metrics.jsonl", enabled=lead)
     hooks = [*stage.hooks]
     total = stage.total_steps
-    tx, lr_fn = make_optimizer(cfg, total, nnx.state(stage.model, nnx.Param))
+    tx, lr_fn, caught = make_optimizer(cfg, total, nnx.state(stage.model, nnx.Param), recipe.model)
+    if lead and not quiet:
+        console.print(rule_table(caught))  # what each parameter rule took: lr multiplier, decay, counts
     if cfg.batch_size % cfg.grad_accum:
         raise UserError(f"train.batch_size = {cfg.batch_size} is not divisible by train.grad_accum = {cfg.grad_accum}")
 
@@ -271,6 +273,7 @@ def run(
         "recipe_fingerprint": recipe.fingerprint("model", "data", "objective", "train", "task"),
         "total_steps": total,
         "kind": stage.kind,
+        "param_rules": rule_records(caught),
         **stage.meta,
     }
     saved = {start} if latest is not None else set()

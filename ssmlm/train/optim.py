@@ -1,12 +1,20 @@
-"""AdamW with the papers' settings, weight decay masked off biases and LayerNorm parameters, and
-warmup followed by cosine / linear / constant decay."""
+"""AdamW with the papers' settings, per-parameter learning-rate multipliers and weight decay given by the
+model family's parameter rules (ssmlm.models.rules), and warmup followed by cosine / linear / constant decay."""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import optax
 
-from ssmlm.recipe import TrainConfig
+from ssmlm.errors import RecipeError
+from ssmlm.models.rules import ParamRule, RuleCount, assign, common_rules, first_match, path_name, ssm_rule, user_rules
+from ssmlm.recipe import ModelConfig, TrainConfig
 
 
 def warmup_steps(cfg: TrainConfig, total: int) -> int:
@@ -28,39 +36,102 @@ def schedule(cfg: TrainConfig, total: int) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warm), after], [warm])
 
 
-def decay_mask(params):
-    """True where weight decay applies: not on any `bias` nor LayerNorm `scale` (as the official code)."""
-
-    def keep(path, _):
-        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-        names = [n for n in names if n != "value"]
-        return names[-1] not in ("bias", "scale")
-
-    return jax.tree_util.tree_map_with_path(keep, params)
+class Optimizer(NamedTuple):
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule  # the base learning rate by step (a rule's multiplier scales it)
+    caught: list[RuleCount]  # per rule, the parameters it caught (empty when made without parameters)
 
 
-def is_ssm(path) -> bool:
-    """Parameters of an S4D kernel (A_re, A_im, C, D, log_step) live under an `ssm_*` module."""
-    return any(str(getattr(k, "key", getattr(k, "name", ""))).startswith("ssm") for k in path)
+def make_optimizer(
+    cfg: TrainConfig,
+    total: int,
+    params=None,
+    model: ModelConfig | None = None,
+    rules: Sequence[ParamRule] | None = None,
+) -> Optimizer:
+    """AdamW whose learning-rate multiplier and weight decay come, per parameter, from the first matching rule.
 
+    ``rules``: an explicit list; else the model family's (ssmlm.models.param_rules) when ``model`` is given;
+    else, for callers without a model config, the SSM rule and the rules every family ends with. With
+    ``params`` the rules are checked against them (a RecipeError for a parameter no rule matches, or a rule
+    matching nothing) and ``caught`` counts what each rule took.
 
-def make_optimizer(cfg: TrainConfig, total: int, params=None) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW; with ``ssm_lr_multiplier`` ≠ 1 or ``ssm_weight_decay`` off, SSM parameters get their own
-    group (the S4 convention; the official BiGS code treats them like every other parameter)."""
+    Parameters sharing a multiplier share one AdamW (one optimizer-state group); with every multiplier 1
+    there is a single AdamW, the official BiGS setup. Multiplier 0 freezes: zero updates, no state.
+    """
     lr = schedule(cfg, total)
+    if rules is None and model is not None:
+        from ssmlm.models import param_rules
+
+        rules = param_rules(model, cfg)
+    elif rules is None:
+        rules = user_rules(cfg) + [ssm_rule(cfg)] + common_rules()
+    rules = list(rules)
+    family = model.arch if model is not None else ""
+    caught = assign(rules, params, family) if params is not None else []
+
+    @functools.cache
+    def rule_of(name: str) -> ParamRule:
+        i = first_match(rules, name)
+        if i is None:  # only without params (with them, assign has already said so)
+            raise RecipeError(f"parameter '{name}' matches no parameter rule")
+        return rules[i]
+
+    def per_leaf(fn):
+        return lambda tree: jax.tree_util.tree_map_with_path(lambda p, _: fn(rule_of(path_name(p))), tree)
+
+    decay = per_leaf(lambda r: r.weight_decay)
+    adamw = lambda rate: optax.adamw(  # noqa: E731
+        rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay
+    )
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-    adamw = lambda rate, wd: optax.adamw(
-        rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps, weight_decay=wd, mask=decay_mask
-    )  # noqa: E731
-    special = cfg.ssm_lr_multiplier != 1.0 or not cfg.ssm_weight_decay
-    if not special:
-        parts.append(adamw(lr, cfg.weight_decay))
+    # Groups that hold parameters (a rule shadowed by earlier ones adds none).
+    used = [r for r, c in zip(rules, caught, strict=True) if c.tensors] if caught else rules
+    names = group_names(used)
+    if set(names) == {1.0}:
+        parts.append(adamw(lr))  # the same transformation (and state layout) as before rules existed
     else:
-        ssm_lr = lambda step: lr(step) * cfg.ssm_lr_multiplier  # noqa: E731
-        groups = {
-            "default": adamw(lr, cfg.weight_decay),
-            "ssm": adamw(ssm_lr, cfg.weight_decay if cfg.ssm_weight_decay else 0.0),
-        }
-        labels = lambda tree: jax.tree_util.tree_map_with_path(lambda p, _: "ssm" if is_ssm(p) else "default", tree)  # noqa: E731
-        parts.append(optax.multi_transform(groups, labels))
-    return optax.chain(*parts), lr
+        groups = {}
+        for m, name in names.items():
+            scaled = lambda step, m=m: lr(step) * m  # noqa: E731
+            groups[name] = optax.set_to_zero() if m == 0 else adamw(lr if m == 1 else scaled)
+        parts.append(optax.multi_transform(groups, per_leaf(lambda r: names[r.lr_multiplier])))
+    return Optimizer(optax.chain(*parts), lr, caught)
+
+
+def group_names(rules: Sequence[ParamRule]) -> dict[float, str]:
+    """Optimizer-state group name per learning-rate multiplier: 'default' (1), 'frozen' (0), else the first
+    rule's name (so the SSM group keeps the name 'ssm' its checkpoints were written with) or 'groupN'."""
+    names: dict[float, str] = {}
+    for r in rules:
+        m = r.lr_multiplier
+        if m in names:
+            continue
+        if m == 1:
+            names[m] = "default"
+        elif m == 0:
+            names[m] = "frozen"
+        elif re.fullmatch(r"[A-Za-z_]\w*", r.name) and r.name not in {*names.values(), "default", "frozen"}:
+            names[m] = r.name
+        else:
+            names[m] = f"group{len(names)}"
+    return names
+
+
+def rule_records(caught: Sequence[RuleCount]) -> list[dict]:
+    """The table as plain data (checkpoint manifest)."""
+    return [dataclasses.asdict(c) for c in caught]
+
+
+def rule_table(caught: Sequence[RuleCount]):
+    """The table as a rich Table, printed once at the start of training."""
+    from rich.table import Table
+
+    t = Table(title="parameter rules (first match wins)", title_justify="left")
+    for col, just in (("rule", "left"), ("pattern", "left"), ("lr x", "right"), ("decay", "left"),
+                      ("tensors", "right"), ("parameters", "right")):  # fmt: skip
+        t.add_column(col, justify=just, overflow="fold")
+    for c in caught:
+        lr = "frozen" if c.lr_multiplier == 0 else f"{c.lr_multiplier:g}"
+        t.add_row(c.name, c.pattern, lr, "yes" if c.weight_decay else "no", str(c.tensors), f"{c.elements:,}")
+    return t
