@@ -156,7 +156,10 @@ def preprocess(
     set_: SetOpt = None,
     quiet: QuietOpt = False,
 ):
-    """Tokenize and mask a corpus once (reused when the same inputs come again).
+    """Tokenize a corpus once into packed token shards (reused when the same inputs come again).
+
+    Streams the corpus (memory stays bounded); an interrupted run resumes from its last finished shard
+    when run again. Masking happens at training time, so masking settings do not change the result.
 
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """
@@ -167,11 +170,8 @@ def preprocess(
 
     out = run_preprocess(r.data, r.seq_len, quiet=quiet)
     meta = read_metadata(out)
-    typer.echo(
-        json.dumps(
-            {"path": str(out), **{k: meta[k] for k in ("documents", "tokens", "vocab_size", "splits")}}, indent=2
-        )
-    )
+    keys = ("documents", "tokens", "max_seq_length", "vocab_size", "packing", "fill_rate", "splits")
+    typer.echo(json.dumps({"path": str(out), **{k: meta[k] for k in keys}, "shards": len(meta["shards"])}, indent=2))
 
 
 @app.command()

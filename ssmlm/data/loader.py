@@ -7,6 +7,9 @@ Why not Grain: what Grain offers here (deterministic, resumable, sharded index s
 lines once the data is a memory-mapped Arrow table of fixed-length rows; owning them keeps the data
 position a plain integer in the checkpoint manifest and avoids another checkpoint handler. Reading
 ahead is a one-thread prefetch in the training loop.
+
+Pretraining data is ``TokenRows`` (ssmlm.data.shards): the preprocessed shards memory-mapped, read a batch
+of rows at a time. ``load_split`` reads a saved ``datasets`` split (finetuning data).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ssmlm.data.shards import TokenDocuments, TokenRows
 from ssmlm.errors import DataError
+
+__all__ = ["ArrayTable", "Batches", "TokenDocuments", "TokenRows", "eval_batches", "load_split"]
 
 
 class ArrayTable:
@@ -35,8 +41,8 @@ class ArrayTable:
 
 
 class Batches:
-    """Training batches from a saved ``datasets`` split (memory-mapped Arrow; only a batch is read)
-    or from an ArrayTable."""
+    """Training batches from ``TokenRows`` (memory-mapped shards; only a batch is read), a saved
+    ``datasets`` split or an ArrayTable."""
 
     def __init__(self, dataset, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1)):
         """``shard`` = (process index, process count): each process reads only its rows of a batch."""
