@@ -158,8 +158,9 @@ def preprocess(
 ):
     """Tokenize a corpus once into packed token shards (reused when the same inputs come again).
 
-    Streams the corpus (memory stays bounded); an interrupted run resumes from its last finished shard
-    when run again. Masking happens at training time, so masking settings do not change the result.
+    Streams the corpus in bounded memory; running an interrupted command again resumes at its last finished shard.
+
+    Masking is applied at training time: masking settings do not change what is written.
 
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """

@@ -161,7 +161,7 @@ def preprocess(
 
     stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
     by_bytes = stream.total_bytes is not None
-    written = index = 0
+    written = n_chunks = 0
     t0, n_tokens = time.perf_counter(), 0
     with progress_bar(quiet, "tokens/s") as bar:
         total = stream.total_bytes / 1e6 if by_bytes else stream.total_documents
@@ -169,6 +169,7 @@ def preprocess(
         task = bar.add_task(f"tokenizing ({unit})", total=total, **{"tokens/s": "-"})
         try:
             for index, chunk in enumerate(chunks(stream.documents, chunk_chars, chunk_documents)):
+                n_chunks = index + 1
                 marker = out / "shards" / f"{shard_name(index)}.json"
                 if index % n_hosts == host and not marker.is_file():
                     stats = _write_shard(out, index, chunk, tok, ids, cfg, seq_len, layout, dtype)
@@ -185,7 +186,9 @@ def preprocess(
             ) from None
         if by_bytes:
             bar.update(task, completed=total)  # file sizes include markup the text count does not
-    write_json_atomic(out / "shards" / "count.json", {"chunks": index + 1})
+    if not n_chunks:
+        raise DataError(f"data.source '{cfg.source}': holds no text")
+    write_json_atomic(out / "shards" / "count.json", {"chunks": n_chunks})
     if host != 0:
         return out
     return finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
