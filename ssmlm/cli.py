@@ -156,7 +156,11 @@ def preprocess(
     set_: SetOpt = None,
     quiet: QuietOpt = False,
 ):
-    """Tokenize a corpus into token shards once (reused when the same inputs come again).
+    """Tokenize a corpus once into packed token shards (reused when the same inputs come again).
+
+    Streams the corpus in bounded memory; running an interrupted command again resumes at its last finished shard.
+
+    Masking is applied at training time: masking settings do not change what is written.
 
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """
@@ -167,11 +171,8 @@ def preprocess(
 
     out = run_preprocess(r.data, r.seq_len, quiet=quiet)
     meta = read_metadata(out)
-    typer.echo(
-        json.dumps(
-            {"path": str(out), **{k: meta[k] for k in ("documents", "tokens", "vocab_size", "splits")}}, indent=2
-        )
-    )
+    keys = ("documents", "tokens", "max_seq_length", "vocab_size", "packing", "fill_rate", "splits")
+    typer.echo(json.dumps({"path": str(out), **{k: meta[k] for k in keys}, "shards": len(meta["shards"])}, indent=2))
 
 
 @app.command()

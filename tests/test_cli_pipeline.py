@@ -74,9 +74,9 @@ def test_full_pipeline(tiny_recipes):
     out = json.loads(invoke("preprocess", tmp / "tiny.yaml", "-q").stdout)
     data_dir = Path(out["path"])
     meta = json.loads((data_dir / "metadata.json").read_text())
-    assert meta["max_seq_length"] == 32 and meta["duplicate_factor"] == 2
-    assert meta["splits"]["train"]["sequences"] == 2 * meta["splits"]["train"]["unique_sequences"]
-    assert meta["splits"]["validation"]["sequences"] > 0
+    assert meta["max_seq_length"] == 32 and meta["format_version"] == 3
+    assert out["splits"] == meta["splits"] and out["tokens"] == meta["tokens"] and out["fill_rate"] > 0.5
+    assert meta["splits"]["train"]["sequences"] > 0 and meta["splits"]["validation"]["sequences"] > 0
     stamp = (data_dir / "metadata.json").stat().st_mtime_ns
     assert json.loads(invoke("preprocess", tmp / "tiny.yaml", "-q").stdout)["path"] == str(data_dir)
     assert (data_dir / "metadata.json").stat().st_mtime_ns == stamp

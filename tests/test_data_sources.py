@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from conftest import english_lines
 
@@ -73,13 +72,13 @@ def test_preprocess_with_a_given_vocab(tmp_path, monkeypatch):
     words = sorted({w.strip(".").lower() for line in english_lines(200) for w in line.split()})
     (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]))
     (tmp_path / "corpus.txt").write_text("\n".join(english_lines(200)))
-    cfg = DataConfig(source=str(tmp_path / "corpus.txt"), tokenizer=str(tmp_path / "vocab.txt"), duplicate_factor=1)
+    cfg = DataConfig(source=str(tmp_path / "corpus.txt"), tokenizer=str(tmp_path / "vocab.txt"))
     out = preprocess(cfg, 32, quiet=True)
     meta = read_metadata(out)
     assert meta["vocab_size"] == len(words) + 6
-    import datasets
+    from ssmlm.data.shards import TokenRows
 
-    ids = np.array(datasets.load_from_disk(str(out))["train"]["input_ids"])
+    ids = TokenRows(out, "train")[:]["tokens"]
     assert (ids[:, 0] == 2).all()  # every sequence starts with [CLS]
     assert 1 not in ids  # every word is in the vocabulary: no [UNK]
 

@@ -1,5 +1,6 @@
 """Document packing, static MLM masking (ssmlm.data.masking) and offline preprocessing
-(ssmlm.data.preprocess). Packing modes and fill rates: test_packing.py.
+(ssmlm.data.preprocess; streaming, resume and shards: test_preprocess_stream.py).
+Packing modes and fill rates: test_packing.py.
 
 The statistics run on real-ish token streams: a WordPiece trained with ssmlm's own trainer on Python's
 offline documentation (pydoc_data.topics) and on generated English-like sentences.
@@ -12,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from ssmlm.data.masking import mask_batch, pack_document
+from ssmlm.data.masking import pack_document
 from ssmlm.data.tokenizer import special_ids, train_wordpiece
+from ssmlm.objectives.mlm import mask_batch
 
 SUBJECTS = [
     "the miller",
@@ -293,45 +295,33 @@ def local_corpus(tmp_path, monkeypatch):
     return d
 
 
-def load_split(out, split):
-    import datasets
+def load_rows(out, split):
+    from ssmlm.data.shards import TokenRows
 
-    ds = datasets.load_from_disk(str(out))[split]
-    return {k: np.asarray(ds[k], np.int64) for k in ds.column_names}
-
-
-def unmask(cols):
-    """Put the labels back at the masked positions: the sequence before masking."""
-    x = cols["input_ids"].copy()
-    r, s = np.nonzero(cols["masked_lm_positions"] > 0)
-    x[r, cols["masked_lm_positions"][r, s]] = cols["masked_lm_ids"][r, s]
-    return x
+    return TokenRows(out, split)[:]["tokens"].astype(np.int64)
 
 
 def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
     from ssmlm.data.preprocess import preprocess
     from ssmlm.recipe import DataConfig
 
-    cfg = DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=1, validation_fraction=0.2, seed=1)
+    cfg = DataConfig(source=str(local_corpus), vocab_size=300, validation_fraction=0.2, seed=1)
     t0 = time.perf_counter()
     out = preprocess(cfg, 32, quiet=True)
     first = time.perf_counter() - t0
     assert out.parent == tmp_path / "home" / "data" and out.name.startswith("corpus-L32-")
     meta = json.loads((out / "metadata.json").read_text())
     assert (out / "tokenizer.json").is_file() and (out / "train").is_dir() and (out / "validation").is_dir()
-    assert meta["max_seq_length"] == 32 and meta["max_predictions"] == 5  # round(0.15 * 32)
-    assert meta["documents"] == 30 and meta["duplicate_factor"] == 1
+    assert meta["max_seq_length"] == 32 and meta["documents"] == 30
     assert meta["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
     assert meta["vocab_size"] <= 300
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".tmp-")]
 
-    train, val = load_split(out, "train"), load_split(out, "validation")
-    assert (
-        meta["splits"]["train"]["sequences"] == len(train["input_ids"]) == meta["splits"]["train"]["unique_sequences"]
-    )
-    assert len(val["input_ids"]) == meta["splits"]["validation"]["sequences"] > 0
-    assert train["input_ids"].shape[1] == 32 and train["masked_lm_positions"].shape[1] == 5
-    plain = np.concatenate([unmask(train), unmask(val)])
+    train, val = load_rows(out, "train"), load_rows(out, "validation")
+    assert meta["splits"]["train"]["sequences"] == len(train)
+    assert len(val) == meta["splits"]["validation"]["sequences"] > 0
+    assert train.shape[1] == 32
+    plain = np.concatenate([train, val])  # preprocessing no longer masks: the rows are the text
     # [CLS] first, [SEP] after the text, padding after that; all tokens of the corpus accounted for
     assert np.all(plain[:, 0] == 2)
     n_real = (plain != 0).sum(1)
@@ -343,13 +333,9 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     docs = [" ".join(p.read_text().split()).lower() for p in sorted(local_corpus.glob("*.txt"))]
-    for row in plain[: len(train["input_ids"])]:
+    for row in plain[: len(train)]:
         text = tok.decode([int(t) for t in row if t > 4])
         assert text and any(text in d for d in docs), text
-    # statistics of the stored masks follow the rule
-    pos = train["masked_lm_positions"]
-    np.testing.assert_array_equal((pos > 0).sum(1), np.minimum(5, np.maximum(1, np.rint(0.15 * n_real[: len(pos)]))))
-
     # reuse: same path, nothing rewritten
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     t0 = time.perf_counter()
@@ -364,29 +350,19 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
     assert changed != out and (changed / "metadata.json").is_file()
 
 
-def test_preprocess_duplicate_factor(local_corpus):
+def test_preprocess_ignores_masking_settings(local_corpus):
+    """Masking (and its duplicate_factor copies) is applied at training time: preprocessing's output, and
+    its cache key, do not depend on it."""
+    import dataclasses
+
     from ssmlm.data.preprocess import preprocess
     from ssmlm.recipe import DataConfig
 
-    one = preprocess(DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=1, seed=1), 32, quiet=True)
-    cfg3 = DataConfig(source=str(local_corpus), vocab_size=300, duplicate_factor=3, seed=1)
-    three = preprocess(cfg3, 32, quiet=True)
-    assert three != one
-    m1 = json.loads((one / "metadata.json").read_text())
-    m3 = json.loads((three / "metadata.json").read_text())
-    unique = m3["splits"]["train"]["unique_sequences"]
-    assert unique > 10 and m1["splits"]["train"]["sequences"] == m1["splits"]["train"]["unique_sequences"]
-    assert m3["splits"]["train"]["sequences"] == 3 * unique
-    assert m3["splits"]["validation"]["sequences"] == m3["splits"]["validation"]["unique_sequences"]
-
-    train = load_split(three, "train")
-    assert len(train["input_ids"]) == 3 * unique
-    plain = unmask(train)
-    blocks = [plain[i * unique : (i + 1) * unique] for i in range(3)]
-    np.testing.assert_array_equal(blocks[0], blocks[1])
-    np.testing.assert_array_equal(blocks[0], blocks[2])
-    pos = train["masked_lm_positions"]
-    copies = [pos[i * unique : (i + 1) * unique] for i in range(3)]
-    for a, b in [(0, 1), (0, 2), (1, 2)]:
-        differs = np.mean(np.any(copies[a] != copies[b], axis=1))
-        assert differs > 0.5, f"copies {a} and {b} share most masks"
+    base = DataConfig(source=str(local_corpus), vocab_size=300, seed=1)
+    one = preprocess(base, 32, quiet=True)
+    names = {f.name for f in dataclasses.fields(DataConfig)}
+    masking = {k: v for k, v in {"duplicate_factor": 3, "masked_lm_prob": 0.3}.items() if k in names}
+    assert preprocess(dataclasses.replace(base, **masking), 32, quiet=True) == one
+    assert json.loads((one / "metadata.json").read_text())["splits"]["train"]["sequences"] == len(
+        load_rows(one, "train")
+    )

@@ -7,15 +7,19 @@ Why not Grain: what Grain offers here (deterministic, resumable, sharded index s
 lines once the data is a memory-mapped Arrow table of fixed-length rows; owning them keeps the data
 position a plain integer in the checkpoint manifest and avoids another checkpoint handler. Reading
 ahead is a one-thread prefetch in the training loop.
+
+Pretraining data is ``TokenRows`` (ssmlm.data.shards): the preprocessed shards memory-mapped, read a batch
+of rows at a time.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
+from ssmlm.data.shards import TokenDocuments, TokenRows
 from ssmlm.errors import DataError
+
+__all__ = ["ArrayTable", "Batches", "TokenDocuments", "TokenRows", "eval_batches"]
 
 
 class ArrayTable:
@@ -35,8 +39,8 @@ class ArrayTable:
 
 
 class Batches:
-    """Training batches from a saved ``datasets`` split (memory-mapped Arrow; only a batch is read)
-    or from an ArrayTable."""
+    """Training batches from ``TokenRows`` (memory-mapped shards; only a batch is read), a saved
+    ``datasets`` split or an ArrayTable."""
 
     def __init__(self, dataset, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1)):
         """``shard`` = (process index, process count): each process reads only its rows of a batch."""
@@ -73,38 +77,3 @@ def eval_batches(dataset, batch_size: int, max_batches: int | None = None, pad_r
         if short and pad_row is not None:
             rows = {k: np.concatenate([v, np.repeat(np.asarray(pad_row[k])[None], short, 0)]) for k, v in rows.items()}
         yield rows
-
-
-def load_split(path: str | Path, split: str):
-    import datasets
-
-    try:
-        dd = datasets.load_from_disk(str(path))
-    except FileNotFoundError:
-        raise DataError(f"{path}: no preprocessed dataset here; run `ssmlm preprocess` first") from None
-    if split not in dd:
-        raise DataError(f"{path}: has no '{split}' split (has {list(dd)})")
-    return dd[split]
-
-
-class TokenRows:
-    """(interim) the token rows of a preprocessed split: ds[idx] -> {"tokens": (k, L), "row": (k,)}."""
-
-    def __init__(self, data_dir, split: str):
-        import datasets
-
-        dd = datasets.load_from_disk(str(data_dir))
-        self.ds = dd[split].with_format("numpy") if split in dd else None
-        from ssmlm.data.preprocess import read_metadata
-
-        self.seq_len = read_metadata(data_dir)["max_seq_length"]
-
-    def __len__(self) -> int:
-        return 0 if self.ds is None else len(self.ds)
-
-    def with_format(self, _):
-        return self
-
-    def __getitem__(self, idx):
-        rows = np.arange(len(self))[idx]
-        return {"tokens": np.asarray(self.ds[rows]["tokens"], np.int32).reshape(len(rows), -1), "row": rows}

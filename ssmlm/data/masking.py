@@ -1,5 +1,5 @@
-"""Static MLM masking as in BERT / Izsak et al. (the data the BiGS models were trained on), and the
-packing of documents into sequences that comes before it.
+"""Packing documents into fixed-length rows (what preprocessing writes). Masking those rows for MLM is an
+objective's job, done on the fly: ssmlm.objectives.mlm.
 
 Packing (``data.packing``) turns a split's documents, each a list of lines (token lists), into rows of
 at most ``max_tokens`` (= L - 2, room for [CLS] and [SEP]). Every mode draws a row's target length as
@@ -14,13 +14,6 @@ BERT does: ``max_tokens``, or with probability ``short_seq_prob`` uniformly from
   full  RoBERTa's FULL-SENTENCES: like fill, but over the concatenation of all documents with a [SEP]
         between two documents, so only the split's last row is short. A separator that would open or
         close a row is left out, the row's own [CLS]/[SEP] marking the boundary.
-
-Masking, per sequence: candidates are all real tokens except [CLS] and [SEP] (and never padding); the
-number masked is min(max_predictions, max(1, round(masked_lm_prob · n_tokens))); each chosen token
-becomes [MASK] with probability 0.8, stays with 0.1, or becomes a uniformly random vocabulary entry
-with 0.1 (preprocess leaves the special tokens out of that draw, as fairseq's RoBERTa does: a random
-[PAD] would read as padding to the model). Token-level, not whole-word. Positions are stored sorted,
-0-padded (position 0 is always [CLS], so 0 is an unambiguous "unused" marker).
 """
 
 from __future__ import annotations
@@ -160,47 +153,3 @@ def pack_document(
         flat, lengths, [len(doc)] if doc else [], max_tokens, short_seq_prob, rng, "fill" if mode == "full" else mode
     )
     return [r.tolist() for r in np.split(row_tokens, np.cumsum(row_lengths)[:-1])] if len(row_lengths) else []
-
-
-def mask_batch(
-    input_ids: np.ndarray,
-    special_ids: set[int] | list[int],
-    vocab_size: int,
-    mask_id: int,
-    masked_lm_prob: float,
-    max_predictions: int,
-    rng: np.random.Generator,
-    random_ids: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
-    """Mask a (n, L) int array of sequences (padded with a special id). Vectorised over rows.
-
-    Random replacements are drawn uniformly from ``random_ids`` (default: the whole vocabulary, as BERT).
-    """
-    n, length = input_ids.shape
-    candidate = ~np.isin(input_ids, list(special_ids))
-    n_tokens = (input_ids != 0).sum(1) if 0 in special_ids else np.full(n, length)
-    # number of real (non-pad) tokens counts [CLS]/[SEP] too, as BERT's len(tokens) does
-    k = np.minimum(max_predictions, np.maximum(1, np.rint(masked_lm_prob * n_tokens).astype(int)))
-    k = np.minimum(k, candidate.sum(1))
-    scores = np.where(candidate, rng.random((n, length)), np.inf)
-    order = np.argsort(scores, axis=1)[:, :max_predictions]
-    if order.shape[1] < max_predictions:  # more prediction slots than tokens: pad the slots
-        order = np.pad(order, ((0, 0), (0, max_predictions - order.shape[1])))
-    chosen = np.arange(max_predictions)[None, :] < k[:, None]
-    # unused slots sort to the end as `length`, then become 0
-    positions = np.sort(np.where(chosen, order, length), axis=1)
-    positions = np.where(positions == length, 0, positions).astype(np.int32)
-    used = positions > 0
-    rows = np.arange(n)[:, None]
-    labels = np.where(used, input_ids[rows, positions], 0).astype(np.int32)
-
-    r = rng.random((n, max_predictions))
-    if random_ids is None:
-        random_token = rng.integers(0, vocab_size, (n, max_predictions))
-    else:
-        random_token = np.asarray(random_ids)[rng.integers(0, len(random_ids), (n, max_predictions))]
-    replacement = np.where(r < 0.8, mask_id, np.where(r < 0.9, labels, random_token))
-    masked = input_ids.copy()
-    rr, cc = np.nonzero(used)
-    masked[rr, positions[rr, cc]] = replacement[rr, cc]
-    return {"input_ids": masked.astype(np.int32), "masked_lm_positions": positions, "masked_lm_ids": labels}

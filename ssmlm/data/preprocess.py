@@ -1,10 +1,25 @@
-"""Text -> tokenizer -> fixed-length, statically masked MLM sequences on disk.
+"""Text -> tokenizer -> token shards on disk, streamed: memory stays bounded whatever the corpus size.
 
-Output directory (reused when the same inputs come again, written atomically):
-  train/, validation/     `datasets.save_to_disk` with input_ids (L), masked_lm_positions (P), masked_lm_ids (P)
+Preprocessing only tokenises (and, in the default ``rows`` layout, packs); masking and other training
+objectives are applied on the fly at training time, so they are not part of the cache key.
+
+Output directory (reused when the same inputs come again):
+  train/, validation/     the shards (ssmlm.data.shards): packed rows, or documents' tokens + offsets
+  shards/NNNNN.json       one per finished chunk: its counts; written after the chunk's shard files
   tokenizer.json          the tokenizer the ids refer to
-  metadata.json           fingerprint, tokenizer ids, lengths, counts and fill rates (real tokens / positions)
-Validation documents are chosen by a hash of their text, so the split is stable across runs.
+  metadata.json           fingerprint, tokenizer ids, lengths, counts, fill rates and the shard list;
+                          written last (atomically): a directory without it is unfinished, never used
+The corpus is read as a stream and cut into chunks at deterministic points (``chunk_chars`` characters of
+text or ``chunk_documents`` documents, whichever comes first); each chunk is tokenised (``encode_batch``,
+all cores), packed with a generator seeded by (seed, chunk index) and written as one shard per split.
+A shard is thus a pure function of its documents and its index: an interrupted run resumes at the first
+unfinished chunk, skipping the finished chunks' documents without tokenising them, and writes exactly
+the shards an uninterrupted run would. Packing does not cross chunk boundaries: mode ``full`` starts a
+fresh stream (one short row) per chunk. Validation documents are chosen by a hash of their text, so
+the split is stable across runs, chunkings and hosts.
+
+Several hosts (``hosts=(index, count)``) each read the whole stream but tokenise only the chunks with
+``chunk % count == index``; host 0 writes metadata.json once every shard exists (``finalize``).
 """
 
 from __future__ import annotations
@@ -13,23 +28,32 @@ import hashlib
 import itertools
 import json
 import os
-import shutil
-import tempfile
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from ssmlm.data.masking import pack, rows_to_array
-from ssmlm.data.sources import corpus_fingerprint, load_corpus
+from ssmlm.data.shards import row_dtype, save_atomic, shard_name, write_json_atomic
+from ssmlm.data.sources import Document, corpus_fingerprint, open_corpus
 from ssmlm.data.tokenizer import load_tokenizer, special_ids, train_wordpiece
-from ssmlm.errors import DataError
+from ssmlm.errors import DataError, Interrupted
 from ssmlm.progress import progress_bar
 from ssmlm.recipe import DataConfig
 
-FORMAT_VERSION = 2  # 2: packing modes (rows filled across lines), fill_rate
+FORMAT_VERSION = 3  # 3: unmasked token shards, streamed (2: packing modes, fill_rate)
 SPLITS = ("train", "validation")
+LAYOUTS = ("rows", "documents")
+# the DataConfig fields that change the tokens written (masking settings are training-time, not here)
+TOKEN_FIELDS = (
+    "source", "text_field", "split", "max_documents", "tokenizer", "vocab_size", "lowercase",
+    "max_seq_length", "short_seq_prob", "packing", "validation_fraction", "seed",
+)  # fmt: skip
+CHUNK_CHARS = 32 << 20  # ~32 MB of text per shard: ~8M tokens, a few hundred MB of working memory
+CHUNK_DOCUMENTS = 1 << 18  # bounds a chunk of many tiny documents (per-document Python overhead)
+ENCODE_CHARS = 4 << 20  # text per encode_batch call: enough lines to keep every core busy, few MB of Encodings
 
 
 def ssmlm_home() -> Path:
@@ -48,121 +72,247 @@ def _is_validation(doc: list[str], fraction: float) -> bool:
     return int.from_bytes(digest[:4], "big") / 2**32 < fraction
 
 
-def preprocess(cfg: DataConfig, seq_len: int, out_root: Path | None = None, quiet: bool = False) -> Path:
-    """Run (or reuse) preprocessing for ``cfg`` at sequence length ``seq_len``; returns the output dir."""
-    if seq_len < 8:
-        raise DataError(f"data.max_seq_length = {seq_len}: expected at least 8")
-    out_root = Path(out_root or ssmlm_home() / "data")
-    tok_id = "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer)
+def shard_rng(seed: int, index: int, split: str) -> np.random.Generator:
+    """The packing generator of shard ``index``'s ``split``: shards do not depend on one another."""
+    return np.random.default_rng([seed, index, split == "train"])
+
+
+def output_dir(
+    cfg: DataConfig,
+    seq_len: int,
+    out_root: Path | None = None,
+    layout: str = "rows",
+    chunk_chars: int = CHUNK_CHARS,
+    chunk_documents: int = CHUNK_DOCUMENTS,
+) -> tuple[Path, str]:
+    """(directory, fingerprint) of the preprocessed data for these inputs, computed without reading the text."""
+    if layout not in LAYOUTS:
+        raise DataError(f"preprocess layout '{layout}': expected one of {LAYOUTS}")
     key = json.dumps(
         {
             "v": FORMAT_VERSION,
-            "cfg": asdict(cfg),
+            "cfg": {f: getattr(cfg, f) for f in TOKEN_FIELDS},
             "len": seq_len,
             "corpus": corpus_fingerprint(cfg.source, cfg.text_field, cfg.split, cfg.max_documents),
-            "tok": tok_id,
+            "tok": "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer),
+            "layout": layout,
+            "chunk": [chunk_chars, chunk_documents],  # where shards begin: part of what the rows are
         },
         sort_keys=True,
     )
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     tag = cfg.source if cfg.source == "builtin" else Path(cfg.source.replace(":", "_")).stem or "corpus"
-    out = out_root / f"{tag}-L{seq_len}-{fingerprint}"
+    suffix = "" if layout == "rows" else "-docs"
+    return Path(out_root or ssmlm_home() / "data") / f"{tag}-L{seq_len}{suffix}-{fingerprint}", fingerprint
+
+
+def _after_shard(index: int) -> None:
+    """Called after each shard is complete; tests replace it to interrupt a run at a known point."""
+
+
+def chunks(documents: Iterable[Document], chunk_chars: int, chunk_documents: int) -> Iterator[list[Document]]:
+    """Consecutive documents, cut after ``chunk_chars`` characters or ``chunk_documents`` documents: the
+    cut points depend only on the text, so every run (and every host) sees the same chunks."""
+    chunk, size = [], 0
+    for doc in documents:
+        chunk.append(doc)
+        size += sum(map(len, doc))
+        if size >= chunk_chars or len(chunk) >= chunk_documents:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def preprocess(
+    cfg: DataConfig,
+    seq_len: int,
+    out_root: Path | None = None,
+    quiet: bool = False,
+    *,
+    layout: str = "rows",
+    hosts: tuple[int, int] = (0, 1),
+    chunk_chars: int = CHUNK_CHARS,
+    chunk_documents: int = CHUNK_DOCUMENTS,
+) -> Path:
+    """Run (or reuse, or resume) preprocessing for ``cfg`` at sequence length ``seq_len``; returns the output
+    dir. With ``hosts=(i, n)``, tokenise chunks i, i+n, …; host 0 then waits for the others' shards and
+    writes metadata.json, the other hosts return once their own shards are written."""
+    if seq_len < 8:
+        raise DataError(f"data.max_seq_length = {seq_len}: expected at least 8")
+    host, n_hosts = hosts
+    if not 0 <= host < n_hosts:
+        raise DataError(f"preprocess hosts = {hosts}: expected (index, count) with 0 <= index < count")
+    out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
     meta_path = out / "metadata.json"
     if meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint:
         return out
-    corpus = load_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
-
-    # --- tokenizer
-    if cfg.tokenizer == "train":
-        tok = train_wordpiece((line for doc in corpus.documents for line in doc), cfg.vocab_size, cfg.lowercase)
-    else:
-        tok = load_tokenizer(cfg.tokenizer, cfg.lowercase)
+    for d in (out / "shards", *(out / s for s in SPLITS)):
+        d.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(cfg, out, host)
     ids = special_ids(tok)
-    vocab_size = tok.get_vocab_size()
     if ids["pad"] != 0:
         raise DataError(f"tokenizer '{cfg.tokenizer}': [PAD] must have id 0 (has {ids['pad']})")
+    dtype = row_dtype(tok.get_vocab_size()) if layout == "rows" else np.dtype(np.int32)
 
-    # --- tokenize, per split, into flat arrays (token lists per line would cost ~10x the memory)
-    flat: dict[str, dict[str, list]] = {s: {"tokens": [], "line_lengths": [], "doc_lines": []} for s in SPLITS}
-    n_tokens = 0
-    with progress_bar(quiet) as bar:
-        task = bar.add_task("tokenizing", total=len(corpus.documents))
-        for doc in corpus.documents:
-            encoded = [e.ids for e in tok.encode_batch(doc, add_special_tokens=False)]
-            lengths = [len(e) for e in encoded]
-            n_tokens += sum(lengths)
-            f = flat["validation" if _is_validation(doc, cfg.validation_fraction) else "train"]
-            f["tokens"].append(np.fromiter(itertools.chain.from_iterable(encoded), np.int32, sum(lengths)))
-            f["line_lengths"].extend(lengths)
-            f["doc_lines"].append(len(lengths))
-            bar.advance(task)
+    stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
+    by_bytes = stream.total_bytes is not None
+    written = n_chunks = 0
+    t0, n_tokens = time.perf_counter(), 0
+    with progress_bar(quiet, "tokens/s") as bar:
+        total = stream.total_bytes / 1e6 if by_bytes else stream.total_documents
+        unit = "MB" if by_bytes else "documents"
+        task = bar.add_task(f"tokenizing ({unit})", total=total, **{"tokens/s": "-"})
+        try:
+            for index, chunk in enumerate(chunks(stream.documents, chunk_chars, chunk_documents)):
+                n_chunks = index + 1
+                marker = out / "shards" / f"{shard_name(index)}.json"
+                if index % n_hosts == host and not marker.is_file():
+                    stats = _write_shard(out, index, chunk, tok, ids, cfg, seq_len, layout, dtype)
+                    write_json_atomic(marker, stats)  # last: the shard counts as done from here on
+                    written += 1
+                    n_tokens += stats["tokens"]
+                    _after_shard(index)
+                rate = n_tokens / max(time.perf_counter() - t0, 1e-9)
+                done = sum(map(len, itertools.chain.from_iterable(chunk))) / 1e6 if by_bytes else len(chunk)
+                bar.update(task, advance=done, **{"tokens/s": f"{rate:,.0f}"})
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"preprocessing interrupted ({written} shard(s) written to {out}); run the same command again to resume"
+            ) from None
+        if by_bytes:
+            bar.update(task, completed=total)  # file sizes include markup the text count does not
+    if not n_chunks:
+        raise DataError(f"data.source '{cfg.source}': holds no text")
+    write_json_atomic(out / "shards" / "count.json", {"chunks": n_chunks})
+    if host != 0:
+        return out
+    return finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
 
-    # --- pack into [CLS] ... [SEP] rows
-    rng = np.random.default_rng(cfg.seed)
-    splits = {split: _pack_split(flat.pop(split), cfg, seq_len, ids, rng) for split in SPLITS}
-    if not len(splits["train"]):
+
+def _tokenizer(cfg: DataConfig, out: Path, host: int):
+    """The run's tokenizer, saved in ``out`` first thing: a resumed run (and every host) uses that copy."""
+    saved = out / "tokenizer.json"
+    if not saved.is_file():
+        if cfg.tokenizer != "train":
+            tok = load_tokenizer(cfg.tokenizer, cfg.lowercase)
+        elif host == 0:
+            stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
+            tok = train_wordpiece((line for doc in stream.documents for line in doc), cfg.vocab_size, cfg.lowercase)
+        else:  # the other hosts use host 0's tokenizer: training is not guaranteed to be bit-identical
+            while not saved.is_file():
+                time.sleep(1.0)
+            return load_tokenizer(saved)
+        tmp = saved.with_name(f"tokenizer.json.{host}.tmp")
+        tok.save(str(tmp))
+        os.replace(tmp, saved)
+    return load_tokenizer(saved)
+
+
+def _encode(tok, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens back to back, tokens per line) of ``lines``, in batches of ~ENCODE_CHARS characters."""
+    parts, lengths = [], []
+    start = 0
+    while start < len(lines):
+        end, size = start, 0
+        while end < len(lines) and size < ENCODE_CHARS:
+            size += len(lines[end])
+            end += 1
+        encoded = [e.ids for e in tok.encode_batch_fast(lines[start:end], add_special_tokens=False)]
+        n = [len(e) for e in encoded]
+        parts.append(np.fromiter(itertools.chain.from_iterable(encoded), np.int32, sum(n)))
+        lengths.extend(n)
+        start = end
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return tokens, np.array(lengths, np.int64)
+
+
+def _write_shard(out, index, docs, tok, ids, cfg, seq_len, layout, dtype) -> dict:
+    val = [_is_validation(d, cfg.validation_fraction) for d in docs]
+    ordered = [d for d, v in zip(docs, val, strict=True) if not v] + [d for d, v in zip(docs, val, strict=True) if v]
+    n_train = len(docs) - sum(val)
+    tokens, line_lengths = _encode(tok, [line for d in ordered for line in d])
+    doc_lines = np.array([len(d) for d in ordered], np.int64)
+    split_line = int(doc_lines[:n_train].sum())
+    split_token = int(line_lengths[:split_line].sum())
+    parts = {
+        "train": (tokens[:split_token], line_lengths[:split_line], doc_lines[:n_train]),
+        "validation": (tokens[split_token:], line_lengths[split_line:], doc_lines[n_train:]),
+    }
+    name = shard_name(index)
+    stats = {"index": index, "documents": len(docs), "tokens": len(tokens), "files": {}, "real_tokens": {}}
+    for split, (t, ll, dl) in parts.items():
+        if layout == "documents":
+            line_end = np.concatenate([[0], np.cumsum(ll)])
+            offsets = line_end[np.concatenate([[0], np.cumsum(dl)])].astype(np.int64)
+            save_atomic(out / split / f"{name}.tokens.npy", t.astype(np.int32))
+            save_atomic(out / split / f"{name}.offsets.npy", offsets)
+            stats["files"][split], stats[split], stats["real_tokens"][split] = f"{split}/{name}", len(dl), len(t)
+            continue
+        row_tokens, row_lengths = pack(
+            t, ll, dl, seq_len - 2, cfg.short_seq_prob, shard_rng(cfg.seed, index, split), cfg.packing, ids["sep"]
+        )
+        rows = rows_to_array(row_tokens, row_lengths, seq_len, ids["cls"], ids["sep"])
+        save_atomic(out / split / f"{name}.npy", rows.astype(dtype))
+        stats["files"][split], stats[split] = f"{split}/{name}.npy", len(rows)
+        stats["real_tokens"][split] = int((rows != ids["pad"]).sum())  # [CLS]/[SEP] included
+    return stats
+
+
+def finalize(
+    cfg: DataConfig,
+    seq_len: int,
+    out_root: Path | None = None,
+    *,
+    layout: str = "rows",
+    chunk_chars: int = CHUNK_CHARS,
+    chunk_documents: int = CHUNK_DOCUMENTS,
+    poll_s: float = 1.0,
+) -> Path:
+    """Write metadata.json once every chunk's shard exists (waiting for other hosts' shards, polling every
+    ``poll_s`` seconds; after a barrier nothing is waited for). Returns the output dir."""
+    out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
+    count = out / "shards" / "count.json"
+    while not count.is_file():
+        time.sleep(poll_s)
+    n = json.loads(count.read_text())["chunks"]
+    markers = [out / "shards" / f"{shard_name(i)}.json" for i in range(n)]
+    while not all(m.is_file() for m in markers):
+        time.sleep(poll_s)
+    shards = [json.loads(m.read_text()) for m in markers]
+    tok = load_tokenizer(out / "tokenizer.json")
+    ids = special_ids(tok)
+    splits = {}
+    for split in SPLITS:
+        n = sum(s[split] for s in shards)
+        real = sum(s["real_tokens"][split] for s in shards)
+        if layout == "rows":
+            splits[split] = {"sequences": n, "fill_rate": real / (n * seq_len) if n else None}
+        else:
+            splits[split] = {"documents": n, "tokens": real}
+    if not (splits["train"].get("sequences") or splits["train"].get("tokens")):
         raise DataError(f"data.source '{cfg.source}': no training text left after the validation split")
-
-    # --- save the unmasked rows (masking is the objective's, on the fly)
-    counts = {}
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=_mkdir(out_root)))
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        parts = {}
-        for split, base in splits.items():
-            counts[split] = {
-                "sequences": int(len(base)),
-                "fill_rate": float((base != ids["pad"]).mean()) if len(base) else None,
-            }
-            if not len(base):  # e.g. a one-document corpus has no held-out documents
-                continue
-            parts[split] = datasets.Dataset(pa.table({"tokens": _fixed_list(base)}))
-        datasets.DatasetDict(parts).save_to_disk(str(tmp))
-        tok.save(str(tmp / "tokenizer.json"))
-        meta = {
-            "fingerprint": fingerprint,
-            "format_version": FORMAT_VERSION,
-            "source": cfg.source,
-            "corpus": corpus.description,
-            "documents": len(corpus.documents),
-            "tokens": n_tokens,
-            "max_seq_length": seq_len,
-            "vocab_size": vocab_size,
-            "special_ids": ids,
-            "tokenizer": cfg.tokenizer,
-            "packing": cfg.packing,
-            "fill_rate": counts["train"]["fill_rate"],  # of the training rows: what training steps see
-            "splits": counts,
-            "config": asdict(cfg),
-        }
-        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    meta = {
+        "fingerprint": fingerprint,
+        "format_version": FORMAT_VERSION,
+        "layout": layout,
+        "source": cfg.source,
+        "corpus": open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents).description,
+        "documents": sum(s["documents"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),  # text tokens, before packing ([CLS]/[SEP] not counted)
+        "max_seq_length": seq_len,
+        "vocab_size": tok.get_vocab_size(),
+        "special_ids": ids,
+        "tokenizer": cfg.tokenizer,
+        "packing": cfg.packing,
+        "fill_rate": splits["train"].get("fill_rate"),  # of the training rows: what training steps see
+        "splits": splits,
+        "dtype": str(row_dtype(tok.get_vocab_size())) if layout == "rows" else "int32",
+        "shards": [{k: s[k] for k in ("index", "documents", "tokens", "files", *SPLITS)} for s in shards],
+        "config": asdict(cfg),
+    }
+    write_json_atomic(out / "metadata.json", meta)
     return out
-
-
-def _pack_split(f: dict[str, list], cfg: DataConfig, seq_len: int, ids: dict[str, int], rng) -> np.ndarray:
-    tokens = np.concatenate(f["tokens"]) if f["tokens"] else np.zeros(0, np.int32)
-    row_tokens, row_lengths = pack(
-        tokens, f["line_lengths"], f["doc_lines"], seq_len - 2, cfg.short_seq_prob, rng, cfg.packing, ids["sep"]
-    )
-    return rows_to_array(row_tokens, row_lengths, seq_len, ids["cls"], ids["sep"])
-
-
-def _fixed_list(a: np.ndarray):
-    """A (n, w) array as an Arrow fixed-size-list column, without going through Python lists."""
-    return pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), a.shape[1])
-
-
-def _mkdir(p: Path) -> Path:
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def read_metadata(path: Path) -> dict:

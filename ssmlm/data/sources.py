@@ -10,12 +10,13 @@ import ast
 import contextlib
 import glob
 import hashlib
+import itertools
 import json
 import logging
 import os
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,60 +188,61 @@ def _text(value, where: str, field: str) -> Document | None:
     return [ln.strip() for ln in value.splitlines() if ln.strip()] or None
 
 
-def _rows_to_documents(texts: Iterator, where: str, field: str) -> list[Document]:
-    return [doc for t in texts if (doc := _text(t, where, field))]
+def _rows_to_documents(texts: Iterable, where: str, field: str) -> Iterator[Document]:
+    for t in texts:
+        if doc := _text(t, where, field):
+            yield doc
 
 
-def _json_documents(f: Path, field: str) -> list[Document]:
-    docs, seen = [], None
+def _json_documents(f: Path, field: str) -> Iterator[Document]:
+    seen = None
     for n, row in json_rows(f):
         if field in row:
             seen = True
             if doc := _text(row[field], f"{f}: line {n}" if n else str(f), field):
-                docs.append(doc)
+                yield doc
         elif seen is None:
             seen = list(row)
     if seen is not True:
         raise DataError(f"{f}: no field '{field}' (data.text_field); fields: {seen or []}")
-    return docs
 
 
-def local_corpus(source: str, text_field: str, max_documents: int | None) -> Corpus:
-    """txt: each file is one document. jsonl/csv/parquet: each row's ``text_field`` is one document."""
-    files = _expand(source)
-    h = hashlib.sha256()
-    docs: list[Document] = []
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+def _txt_document(f: Path) -> Iterator[Document]:
+    try:
+        text = f.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines:
+        yield lines
+
+
+def _table_documents(f: Path, field: str) -> Iterator[Document]:
+    ds = load_table(f, LOCAL_SUFFIXES[f.suffix])  # memory-mapped Arrow: read a batch at a time below
+    if field not in ds.column_names:
+        raise DataError(f"{f}: no column '{field}' (data.text_field); columns: {ds.column_names}")
+    for batch in ds.select_columns([field]).iter(batch_size=1024):
+        yield from _rows_to_documents(batch[field], str(f), field)
+
+
+def local_documents(source: str, text_field: str) -> Iterator[Document]:
+    """txt: each file is one document (read whole). jsonl/csv/parquet: each row's ``text_field`` is one
+    document, read a row or a batch at a time."""
+    for f in _expand(source):
         if f.suffix == ".txt":
-            try:
-                text = f.read_text(encoding="utf-8-sig")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            if lines:
-                docs.append(lines)
-            continue
-        if LOCAL_SUFFIXES[f.suffix] == "json":
-            docs.extend(_json_documents(f, text_field))
+            yield from _txt_document(f)
+        elif LOCAL_SUFFIXES[f.suffix] == "json":
+            yield from _json_documents(f, text_field)
         else:
-            ds = load_table(f, LOCAL_SUFFIXES[f.suffix])
-            if text_field not in ds.column_names:
-                raise DataError(f"{f}: no column '{text_field}' (data.text_field); columns: {ds.column_names}")
-            docs.extend(_rows_to_documents(ds[text_field], str(f), text_field))
-        if max_documents and len(docs) >= max_documents:
-            break
-    if not docs:
-        raise DataError(f"data.source '{source}': the files hold no text")
-    return Corpus(docs, "local-" + h.hexdigest()[:16], f"{len(files)} local file(s) from {source}")
+            yield from _table_documents(f, text_field)
 
 
 # ----------------------------------------------------------------------------- hub
 
 
-def hub_corpus(spec: str, text_field: str, split: str, max_documents: int | None) -> Corpus:
-    """``hub:NAME[:CONFIG]``, e.g. hub:wikitext:wikitext-103-raw-v1. Needs the network (or the HF cache)."""
+def hub_documents(spec: str, text_field: str, split: str) -> Iterator[Document]:
+    """``hub:NAME[:CONFIG]``, e.g. hub:wikitext:wikitext-103-raw-v1. Streamed when online (nothing is
+    downloaded whole); offline, read from the HF cache if it is there."""
     parts = spec.split(":")
     name, config = parts[1], (parts[2] if len(parts) > 2 else None)
     from ssmlm.data.hub import offline_reason
@@ -248,19 +250,76 @@ def hub_corpus(spec: str, text_field: str, split: str, max_documents: int | None
     offline = offline_reason()  # before datasets is imported: offline, it only looks in its cache (no retries)
     with quiet_datasets() as datasets:
         try:
-            ds = datasets.load_dataset(name, config, split=split)
+            ds = datasets.load_dataset(name, config, split=split, streaming=not offline)
         except Exception as e:
             why = offline or str(e).splitlines()[0]
             raise DataError(
                 f"data.source '{spec}': could not load hub dataset '{name}' ({why}); "
                 "download it when online or point data.source at local files"
             ) from None
-    if text_field not in ds.column_names:
-        raise DataError(f"hub dataset '{name}': no column '{text_field}' (data.text_field); columns: {ds.column_names}")
+        columns = ds.column_names  # None for a stream whose features are not declared: checked on row 1
+        if columns is not None and text_field not in columns:
+            raise DataError(f"hub dataset '{name}': no column '{text_field}' (data.text_field); columns: {columns}")
+        rows = iter(ds)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as e:  # a stream can fail midway (network): one line, naming the dataset
+                raise DataError(f"data.source '{spec}': reading the stream failed: {root_cause(e)}") from None
+            if text_field not in row:
+                raise DataError(
+                    f"hub dataset '{name}': no column '{text_field}' (data.text_field); columns: {list(row)}"
+                )
+            if doc := _text(row[text_field], name, text_field):
+                yield doc
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+@dataclass
+class DocumentStream:
+    """The documents of a source, read lazily, with what is known about its size beforehand (for progress)."""
+
+    documents: Iterator[Document]
+    fingerprint: str
+    description: str
+    total_bytes: int | None  # local files: their size on disk (text bytes run a little below it)
+    total_documents: int | None
+
+
+def _nonempty(docs: Iterator[Document], source: str) -> Iterator[Document]:
+    n = 0
+    for n, doc in enumerate(docs, 1):  # noqa: B007 (n counts)
+        yield doc
+    if not n:
+        raise DataError(f"data.source '{source}': the files hold no text")
+
+
+def open_corpus(
+    source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None
+) -> DocumentStream:
+    """The corpus as a stream of documents: nothing is read until it is iterated, and memory stays
+    bounded by one document (or one csv/parquet batch) however large the corpus is."""
+    total_bytes = total_docs = None
+    if source == "builtin":
+        builtin = builtin_corpus()  # ~2 MB: generated whole
+        docs: Iterator[Document] = iter(builtin.documents)
+        description, total_docs = builtin.description, len(builtin.documents)
+    elif source.startswith("hub:"):
+        docs, description = hub_documents(source, text_field, split), f"hub dataset {source.split(':')[1]}"
+    else:
+        files = _expand(source)
+        docs = _nonempty(local_documents(source, text_field), source)
+        description, total_bytes = f"{len(files)} local file(s) from {source}", sum(f.stat().st_size for f in files)
     if max_documents:
-        ds = ds.select(range(min(max_documents, len(ds))))
-    docs = _rows_to_documents(ds[text_field], name, text_field)
-    return Corpus(docs, f"hub-{name}-{config}-{split}-{ds._fingerprint}", f"hub dataset {name}")
+        docs = itertools.islice(docs, max_documents)
+        total_docs = min(total_docs or max_documents, max_documents)
+    return DocumentStream(
+        docs, corpus_fingerprint(source, text_field, split, max_documents), description, total_bytes, total_docs
+    )
 
 
 def corpus_fingerprint(source: str, text_field: str = "text", split: str = "train", max_documents=None) -> str:
@@ -281,13 +340,6 @@ def corpus_fingerprint(source: str, text_field: str = "text", split: str = "trai
 def load_corpus(
     source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None
 ) -> Corpus:
-    if source == "builtin":
-        corpus = builtin_corpus()
-    elif source.startswith("hub:"):
-        corpus = hub_corpus(source, text_field, split, max_documents)
-    else:
-        corpus = local_corpus(source, text_field, max_documents)
-    if max_documents:
-        corpus.documents = corpus.documents[:max_documents]
-    corpus.fingerprint = corpus_fingerprint(source, text_field, split, max_documents)
-    return corpus
+    """The whole corpus in memory: for small corpora and tests; preprocessing streams (open_corpus)."""
+    stream = open_corpus(source, text_field, split, max_documents)
+    return Corpus(list(stream.documents), stream.fingerprint, stream.description)

@@ -1,0 +1,133 @@
+"""Token shards on disk: how preprocessing writes them and how training reads them.
+
+Two layouts, one directory per split (``train/``, ``validation/``), one file set per shard:
+  rows       ``NNNNN.npy``: (n, L) packed rows, [CLS] tokens… [SEP] then 0-padding. Stored as uint16 when
+             the vocabulary fits (half the disk and page cache of int32); read back as int32.
+  documents  ``NNNNN.tokens.npy`` (every document's tokens back to back, no special tokens) and
+             ``NNNNN.offsets.npy`` (int64, documents + 1 entries): for causal LMs, packed at training time.
+A shard's files are written to a temporary name and renamed, so a file under its final name is complete.
+Readers memory-map the shards: only the rows asked for are read from disk, so a corpus far larger than
+memory trains from a small machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ssmlm.errors import DataError
+
+
+def row_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+
+
+def _tmp_name(path: Path) -> Path:
+    # unique per writer: hosts sharing a directory may write the same small file at once
+    return path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def save_atomic(path: Path, array: np.ndarray) -> None:
+    """np.save under a temporary name, then rename: a crash leaves a stray .tmp, never a short file."""
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = _tmp_name(path)
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def shard_name(index: int) -> str:
+    return f"{index:05d}"
+
+
+def _split_shards(data_dir: Path, split: str, layout: str) -> list[dict]:
+    meta_path = Path(data_dir) / "metadata.json"
+    if not meta_path.is_file():
+        raise DataError(f"{data_dir}: not a preprocessed dataset (no metadata.json); run `ssmlm preprocess` first")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("layout", "rows") != layout:
+        raise DataError(f"{data_dir}: holds the '{meta.get('layout', 'rows')}' layout, not '{layout}'")
+    if split not in meta.get("splits", {}):
+        raise DataError(f"{data_dir}: has no '{split}' split (has {list(meta.get('splits', {}))})")
+    return [dict(s, file=s["files"][split]) for s in meta["shards"] if s[split]]
+
+
+class TokenRows:
+    """A split's packed rows across its shards, as one table: ``len`` rows of ``seq_len`` tokens.
+
+    ``rows[idx]`` with a slice or an int array (sorted, as ``Batches`` asks) returns
+    ``{"tokens": (k, L) int32, "row": (k,) int64 global row indices}``; only those rows are read.
+    """
+
+    def __init__(self, data_dir: str | Path, split: str):
+        self.data_dir = Path(data_dir)
+        shards = _split_shards(self.data_dir, split, "rows")
+        self._files = [self.data_dir / s["file"] for s in shards]
+        counts = np.array([s[split] for s in shards], np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._maps: list[np.ndarray | None] = [None] * len(self._files)
+        meta = json.loads((self.data_dir / "metadata.json").read_text())
+        self.seq_len = int(meta["max_seq_length"])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _shard(self, i: int) -> np.ndarray:
+        if self._maps[i] is None:
+            self._maps[i] = np.load(self._files[i], mmap_mode="r")  # opened on first use: many shards, few files
+        return self._maps[i]
+
+    def __getitem__(self, idx) -> dict[str, np.ndarray]:
+        if isinstance(idx, slice):
+            rows = np.arange(len(self))[idx]
+        else:
+            rows = np.asarray(idx, np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"row index out of range for {len(self)} rows")
+        out = np.empty((len(rows), self.seq_len), np.int32)
+        shard = np.searchsorted(self._starts, rows, side="right") - 1
+        for s in np.unique(shard):
+            sel = shard == s
+            out[sel] = self._shard(int(s))[rows[sel] - self._starts[s]]
+        return {"tokens": out, "row": rows}
+
+    def with_format(self, _):
+        return self
+
+
+class TokenDocuments:
+    """A split's documents (layout ``documents``): ``docs[i]`` is document i's tokens as int32."""
+
+    def __init__(self, data_dir: str | Path, split: str):
+        self.data_dir = Path(data_dir)
+        shards = _split_shards(self.data_dir, split, "documents")
+        self._files = [self.data_dir / s["file"] for s in shards]
+        counts = np.array([s[split] for s in shards], np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _shard(self, i: int):
+        if i not in self._maps:
+            base = str(self._files[i])
+            self._maps[i] = (np.load(base + ".tokens.npy", mmap_mode="r"), np.load(base + ".offsets.npy"))
+        return self._maps[i]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < len(self):
+            raise IndexError(f"document {i} out of range for {len(self)} documents")
+        s = int(np.searchsorted(self._starts, i, side="right") - 1)
+        tokens, offsets = self._shard(s)
+        j = i - self._starts[s]
+        return np.asarray(tokens[offsets[j] : offsets[j + 1]], np.int32)
