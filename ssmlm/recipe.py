@@ -68,6 +68,9 @@ class ModelConfig:
     tiny_attention_size: int = 64  # aMLP: width of the single-head attention
     causal: bool = False  # gMLP: causal spatial weights (never look ahead)
     remat: bool = False  # rematerialise each block in the backward pass (less memory, more compute)
+    # Blocks stacked and run under one scan: compile time independent of depth, same function and initial
+    # values. false = one module per block in a Python loop (the layout of runs written before this option).
+    scan_layers: bool = True
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
 

@@ -30,6 +30,7 @@ from ssmlm.data.loader import ArrayTable, Batches, eval_batches, load_split
 from ssmlm.data.preprocess import preprocess, read_metadata
 from ssmlm.errors import CheckpointError, UserError
 from ssmlm.models import ENCODERS, build_mlm, with_vocab
+from ssmlm.models.layout import to_layout
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.train import downstream, loop
@@ -85,7 +86,7 @@ def open_run(path: str | Path) -> Run:
 
 # Model options added after runs were already being written, with the value that reproduces what such a
 # run was trained as (a run's recipe.yaml lists every field of its time, so a missing key means "older").
-OLDER_RUNS = {"final_norm": False, "mask_padding": False}
+OLDER_RUNS = {"final_norm": False, "mask_padding": False, "scan_layers": False}
 
 
 def with_layout_of_older_runs(raw):
@@ -184,8 +185,8 @@ def transplant(target: nnx.Module, source_params, position_init: str = "tile", e
     Parameters only in the target (a new head) keep their initialisation. ``extend(path, old, new_shape)``
     is the model family's hook for other length-dependent parameters (gMLP's spatial weights).
     """
-    src = dict(nnx.to_flat_state(source_params))
     tgt_state = nnx.state(target, nnx.Param)
+    src = dict(nnx.to_flat_state(to_layout(source_params, tgt_state)))  # unrolled ↔ scanned blocks
     report = {"copied": 0, "extended": 0, "fresh": 0}
     flat = []
     for path, var in nnx.to_flat_state(tgt_state):
