@@ -84,14 +84,14 @@ def test_scanned_and_unrolled_give_the_same_logits_and_gradients(arch, remat):
     scanned = build_mlm(tiny(arch, True, **kw), seed=1)  # another seed: every value comes from `unrolled`
     nnx.update(scanned, layout.to_layout(params(unrolled), params(scanned)))
     ids, weights = batch()
-    for rng in (None, jax.random.key(5)):  # evaluation, and training with dropout on
+    # training with dropout on (and, once per family, evaluation)
+    for rng in (jax.random.key(5),) if remat else (None, jax.random.key(5)):
         lu, gu = loss_and_grads(unrolled, ids, weights, rng)
         ls, gs = loss_and_grads(scanned, ids, weights, rng)
         np.testing.assert_allclose(float(ls), float(lu), rtol=1e-5)
         assert_same(layout.to_layout(gs, gu), gu, rtol=2e-4, atol=1e-5)
-    # dropout really acts (else the keys would not be tested)
-    assert abs(float(loss_and_grads(scanned, ids, weights, jax.random.key(5))[0]) - float(ls)) < 1e-9
-    assert float(loss_and_grads(scanned, ids, weights, None)[0]) != pytest.approx(float(ls), rel=1e-6)
+    if not remat:  # dropout really acts (else the keys would not be tested)
+        assert float(loss_and_grads(scanned, ids, weights, None)[0]) != pytest.approx(float(ls), rel=1e-6)
 
 
 def test_layer_views_read_and_write_the_stack():

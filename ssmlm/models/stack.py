@@ -64,9 +64,10 @@ class StackLayer(nnx.Module):
     def __call__(self, x, mask=None, rng=None, *, intermediates: bool = False):
         # intermediates: also return the route's attention probabilities (B, heads, L, L) or SSM kernels
         ffn = lambda h: self.ffn_out(self.act(self.ffn_in(h)))  # noqa: E731
-        route, aux = self.route(self.norm1(x) if self.pre_norm else x, mask, fold(rng, 0), probs=True)
-        if not isinstance(aux, dict):
-            aux = {"attention": aux}
+        route = self.route(self.norm1(x) if self.pre_norm else x, mask, fold(rng, 0), probs=intermediates)
+        if intermediates:
+            route, aux = route
+            aux = aux if isinstance(aux, dict) else {"attention": aux}
         if self.pre_norm:
             x = x + dropout(route, self.rate, fold(rng, 1))
             out = x + dropout(ffn(self.norm2(x)), self.rate, fold(rng, 2))
