@@ -199,9 +199,10 @@ def test_amlp_with_zero_attention_output_equals_gmlp():
     # without the final LayerNorm, so that the last check sees the attention's contribution unnormalised
     amlp = build_mlm(cfg_small(arch="amlp", final_norm=False), seed=5)
     randomize_spatial(amlp, seed=1)
-    for layer in amlp.encoder.layers:
+    for i, layer in enumerate(amlp.encoder.layers):
         layer.attn.out.kernel.set_value(jnp.zeros_like(layer.attn.out.kernel[...]))
         layer.attn.out.bias.set_value(jnp.zeros_like(layer.attn.out.bias[...]))
+        amlp.encoder.layers[i] = layer  # a copy in the scanned layout: write it back
     gmlp = build_mlm(cfg_small(arch="gmlp", final_norm=False), seed=7)
     src = dict(nnx.to_flat_state(nnx.state(amlp, nnx.Param)))
     flat = [(p, v.replace(src[p].get_value())) for p, v in nnx.to_flat_state(nnx.state(gmlp, nnx.Param))]
@@ -212,7 +213,9 @@ def test_amlp_with_zero_attention_output_equals_gmlp():
     g = gmlp.encoder(ids, types, mask)
     np.testing.assert_allclose(np.asarray(a), np.asarray(g), rtol=1e-6, atol=1e-6)
     # and the attention is not a no-op once its output projection is back
-    amlp.encoder.layers[0].attn.out.kernel.set_value(jax.random.normal(jax.random.key(3), (A, F // 2)))
+    layer = amlp.encoder.layers[0]
+    layer.attn.out.kernel.set_value(jax.random.normal(jax.random.key(3), (A, F // 2)))
+    amlp.encoder.layers[0] = layer
     assert np.abs(np.asarray(amlp.encoder(ids, types, mask)) - np.asarray(g)).max() > 1e-3
 
 
@@ -282,8 +285,9 @@ def extend_like_transplant(target: nnx.Module, source: nnx.Module) -> None:
 def test_extend_params_keeps_short_inputs_unchanged(spatial, arch):
     short = build_mlm(cfg_small(arch=arch, spatial=spatial), seed=0)
     randomize_spatial(short)
-    for layer in short.encoder.layers:  # trained-looking biases, so "old then ones" is visible
+    for i, layer in enumerate(short.encoder.layers):  # trained-looking biases, so "old then ones" is visible
         layer.sgu.spatial.bias.set_value(1.0 + 0.1 * jnp.arange(N, dtype=jnp.float32))
+        short.encoder.layers[i] = layer  # a copy in the scanned layout: write it back
     long = build_mlm(cfg_small(arch=arch, spatial=spatial, max_seq_length=2 * N), seed=1)
     extend_like_transplant(long, short)
 

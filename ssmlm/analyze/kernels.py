@@ -34,16 +34,23 @@ def command(
 
 
 def analyze_kernels(run, out_dir: Path, window: int = 10, length: int | None = None) -> dict:
+    import jax.numpy as jnp
     import numpy as np
+    from flax import nnx
 
     from ssmlm.analyze.plots import plot_kernels
 
     model, meta = run.load_model()
-    encoder = model.encoder
-    if not hasattr(encoder, "kernels"):
-        raise UserError(f"{run.dir}: architecture '{run.recipe.model.arch}' has no SSM kernels to plot")
     length = length or run.recipe.model.max_seq_length
-    fwd, bwd = (np.asarray(k) for k in encoder.kernels(length))
+    # the kernels are evaluated at the input length: one forward pass of a dummy sequence of that length
+    ids = jnp.ones((1, length), jnp.int32)
+    _, aux = nnx.jit(lambda enc, ids: enc(ids, intermediates=True))(model.encoder, ids)
+    if "ssm_kernel_forward" not in aux:
+        raise UserError(f"{run.dir}: architecture '{run.recipe.model.arch}' has no SSM kernels to plot")
+    # (num_layers, L) shared kernels; per-channel ones (num_layers, d, L) are averaged over channels
+    fwd, bwd = (
+        np.asarray(k if k.ndim == 2 else k.mean(1)) for k in (aux["ssm_kernel_forward"], aux["ssm_kernel_backward"])
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     np.savez(out_dir / "kernels.npz", forward=fwd, backward=bwd)
     png = plot_kernels(

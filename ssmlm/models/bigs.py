@@ -115,9 +115,10 @@ class GatedLayer(nnx.Module):
         self.mask_padding = cfg.mask_padding
         self.gate_norm = layer_norm(cfg, d, rngs) if cfg.gate_norm else None
 
-    def __call__(self, x_i: jax.Array, mask=None, rng=None) -> jax.Array:
+    def __call__(self, x_i: jax.Array, mask=None, rng=None, *, intermediates: bool = False):
         # rng: uniform block interface (no dropout inside the layer). mask: padded positions are zeroed before
         # the SSMs (mask_padding), else the backward SSM would carry padding into every real position.
+        # intermediates: also return both SSM kernels, (L,) each, or (d, L) per channel.
         σ = self.act
         x = self.norm(x_i)
         v = σ(self.w_v(x))
@@ -130,7 +131,10 @@ class GatedLayer(nnx.Module):
             gate = self.gate_norm(gate)
         u = σ(self.w_u(gate))
         o = self.w_o(u * v)
-        return x_i + o
+        if not intermediates:
+            return x_i + o
+        n = x_i.shape[1]
+        return x_i + o, {"ssm_kernel_forward": self.ssm_f.kernel(n), "ssm_kernel_backward": self.ssm_b.kernel(n)}
 
 
 class GatedAttentionLayer(nnx.Module):
@@ -145,12 +149,15 @@ class GatedAttentionLayer(nnx.Module):
         self.w_o = dense(cfg, d3, d, rngs)
         self.act = gelu(cfg)
 
-    def __call__(self, x_i: jax.Array, mask=None, rng=None) -> jax.Array:
+    def __call__(self, x_i: jax.Array, mask=None, rng=None, *, intermediates: bool = False):
+        # intermediates: also return the attention probabilities (B, heads, L, L)
         σ = self.act
         x = self.norm(x_i)
         v = σ(self.w_v(x))
-        u = σ(self.w_u(self.attention(x, mask, rng)))
-        return x_i + self.w_o(u * v)
+        a, probs = self.attention(x, mask, rng, probs=True)
+        u = σ(self.w_u(a))
+        out = x_i + self.w_o(u * v)
+        return (out, {"attention": probs}) if intermediates else out
 
 
 class BiGSEncoder(Encoder):
@@ -162,10 +169,15 @@ class BiGSEncoder(Encoder):
     def kernels(self, length: int) -> tuple[jax.Array, jax.Array]:
         """Forward and backward kernels of every layer, each (num_layers, L) — for `analyze kernels`.
         With per-channel kernels the mean over channels is returned."""
-        k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731
-        return jnp.stack([k(layer.ssm_f) for layer in self.layers]), jnp.stack(
-            [k(layer.ssm_b) for layer in self.layers]
-        )
+        return layer_kernels(self.layers, length, lambda layer: (layer.ssm_f, layer.ssm_b))
+
+
+def layer_kernels(layers, length: int, ssms) -> tuple[jax.Array, jax.Array]:
+    """Forward and backward kernels (num_layers, L) of ``ssms(layer)`` for every layer, in either layout;
+    per-channel kernels are averaged over channels."""
+    k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731
+    pairs = [tuple(k(s) for s in ssms(layer)) for layer in layers]
+    return jnp.stack([f for f, _ in pairs]), jnp.stack([b for _, b in pairs])
 
 
 class GatedAttentionEncoder(Encoder):

@@ -66,6 +66,9 @@ class ModelConfig:
     # prediction does not depend on its batch's padding. false = the official BiGS code / gMLP paper.
     mask_padding: bool = True
     remat: bool = False  # rematerialise each block in the backward pass (less memory, more compute)
+    # Blocks stacked and run under one scan: compile time independent of depth, same function and initial
+    # values. false = one module per block in a Python loop (the layout of runs written before this option).
+    scan_layers: bool = True
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
 

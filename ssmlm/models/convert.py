@@ -32,6 +32,8 @@ Key mapping (official → ours; every Dense kernel is (in, out) in both, so noth
 The model config follows the checkpoint's config.json, with gelu="tanh" (the official layers use Flax's
 tanh-approximate GELU; the MLM head's exact GELU is what ours uses too). Inputs should be padded to
 max_position_embeddings to reproduce the official outputs exactly (the backward SSM starts on the pads).
+The mapping is onto the unrolled layout (encoder/layers/<i>/…); an imported run has the default scanned
+layout (model.scan_layers), the layers stacked by ssmlm.models.layout.
 """
 
 from __future__ import annotations
@@ -216,10 +218,14 @@ def _listing(names: list[str], limit: int = 4) -> str:
 
 
 def map_params(flat: dict[str, np.ndarray], abstract_params):
-    """Fill an abstract nnx parameter State with the official leaves; CheckpointError naming any misfit."""
+    """Fill an abstract nnx parameter State with the official leaves; CheckpointError naming any misfit.
+    The official layout is one module per layer; a scanned target gets them stacked (ssmlm.models.layout)."""
     import jax.numpy as jnp
     from flax import nnx
 
+    from ssmlm.models.layout import to_layout
+
+    wanted, abstract_params = abstract_params, to_layout(abstract_params, "unrolled")
     targets = dict(nnx.to_flat_state(abstract_params))
     filled: dict[tuple, np.ndarray] = {}
     unmapped, bad_shape = [], []
@@ -248,7 +254,7 @@ def map_params(flat: dict[str, np.ndarray], abstract_params):
     for path, var in nnx.to_flat_state(abstract_params):
         dtype = var.get_value().dtype
         out.append((path, var.replace(jnp.asarray(filled[path], dtype=dtype))))
-    return nnx.from_flat_state(out)
+    return to_layout(nnx.from_flat_state(out), wanted)
 
 
 def _official_name(path: tuple) -> str:

@@ -81,6 +81,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ssmlm.models import layout
 from ssmlm.models.config import GMLPConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules
@@ -143,6 +144,9 @@ def extend_params(path: tuple, old: jax.Array, new_shape: tuple) -> jax.Array | 
     new_shape = tuple(new_shape)
     if old.shape == new_shape:
         return old
+    if layout.is_stacked(names):  # scanned layout: every block's row on its own
+        one = layout.unstacked_path(names, 0)
+        return jnp.stack([extend_params(one, row, new_shape[1:]) for row in old])
     if names[-1] == "bias":
         (m,) = new_shape
         return jnp.concatenate([old, jnp.ones((max(m - old.shape[0], 0),), old.dtype)])[:m]
@@ -225,13 +229,20 @@ class GMLPBlock(nnx.Module):
         self.approximate = cfg.gelu == "tanh"
         self.causal = cfg.causal
 
-    def __call__(self, x_in: jax.Array, mask=None, rng=None) -> jax.Array:
+    def __call__(self, x_in: jax.Array, mask=None, rng=None, *, intermediates: bool = False):
         # rng: uniform block interface; like the paper's blocks (and BiGS here) no dropout inside a block,
         # so the tiny attention's probabilities are not dropped either.
+        # intermediates: also return the spatial weights W[:L, :L] and, for aMLP, the attention (B, 1, L, L).
         x = self.norm(x_in)
         z = jax.nn.gelu(self.proj_in(x), approximate=self.approximate)  # (B, L, F)
-        extra = self.attn(x, mask, None, causal=self.causal) if self.attn is not None else None
-        return x_in + self.proj_out(self.sgu(z, extra, mask))
+        extra = probs = None
+        if self.attn is not None:
+            extra, probs = self.attn(x, mask, None, causal=self.causal, probs=True)
+        out = x_in + self.proj_out(self.sgu(z, extra, mask))
+        if not intermediates:
+            return out
+        aux = {"spatial_weights": self.sgu.spatial.matrix(x_in.shape[1])}
+        return out, aux if probs is None else {**aux, "attention": probs}
 
 
 class GMLPEncoder(Encoder):
@@ -248,7 +259,7 @@ class GMLPEncoder(Encoder):
     def spatial_weights(self, length: int | None = None) -> jax.Array:
         """W[:L, :L] of every block, (num_layers, L, L) — for `analyze` (the paper's Figures 3 and 4)."""
         length = length or self.cfg.max_seq_length
-        return jnp.stack([layer.sgu.spatial.matrix(length) for layer in self.layers])
+        return jnp.stack([layer.sgu.spatial.matrix(length) for layer in self.layers])  # either layout
 
 
 def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:

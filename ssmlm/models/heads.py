@@ -4,6 +4,9 @@ MLM head: transform = Dense(d→d) → exact GELU → LayerNorm, then logits = h
 Pooler: the first ([CLS]) token, or the mean over non-padding positions (or over all), then Dense(d→d), tanh;
 each family's default is its paper's (POOLERS).
 Classifier: dropout → Dense(d→k); k = 1 is regression.
+
+Every head takes ``intermediates=True`` and then returns ``(output, aux)``: the encoder's named
+intermediates (ssmlm.models.layers.Encoder), each with a leading layer axis.
 """
 
 from __future__ import annotations
@@ -36,14 +39,22 @@ class MaskedLM(nnx.Module):
         self.encoder = encoder
         self.mlm_head = MLMHead(cfg, rngs=rngs)
 
-    def __call__(self, input_ids, positions=None, token_type_ids=None, *, rng=None) -> jax.Array:
+    def __call__(self, input_ids, positions=None, token_type_ids=None, *, rng=None, intermediates=False):
         # [PAD] is id 0 in every ssmlm dataset; attention encoders mask it, SSM/gMLP ones ignore the mask.
-        h = self.encoder(input_ids, token_type_ids, (input_ids != 0).astype(jnp.int32), rng=rng)
+        mask = (input_ids != 0).astype(jnp.int32)
+        h, aux = _encode(self.encoder, input_ids, token_type_ids, mask, enc_rng=rng, intermediates=intermediates)
         if positions is not None:
             # Only masked slots carry a loss; gathering them first gives the same loss as the official
             # all-position logits at a fraction of the vocabulary matmul.
             h = jnp.take_along_axis(h, positions[..., None], axis=1)
-        return self.mlm_head(h, self.encoder.word_embeddings())
+        logits = self.mlm_head(h, self.encoder.word_embeddings())
+        return (logits, aux) if intermediates else logits
+
+
+def _encode(encoder, input_ids, token_type_ids, attention_mask, *, enc_rng, intermediates):
+    """(h, aux) with aux None unless ``intermediates``: one call site shape for every head."""
+    out = encoder(input_ids, token_type_ids, attention_mask, rng=enc_rng, intermediates=intermediates)
+    return out if intermediates else (out, None)
 
 
 # Each family's pooler as its paper finetunes it: BERT and gMLP/aMLP read the first ([CLS]) token (Devlin et
@@ -84,11 +95,13 @@ class SequenceClassifier(nnx.Module):
         self.classifier = dense(cfg, cfg.hidden_size, num_labels, rngs, init=LECUN)
         self.rate = cfg.dropout
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None) -> jax.Array:
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None, intermediates=False):
         enc_rng, head_rng = jax.random.split(rng) if rng is not None else (None, None)
-        h = self.encoder(input_ids, token_type_ids, attention_mask, rng=enc_rng)
+        h, aux = _encode(self.encoder, input_ids, token_type_ids, attention_mask, enc_rng=enc_rng,
+                         intermediates=intermediates)  # fmt: skip
         pooled = dropout(self.pooler(h, attention_mask), self.rate, head_rng)
-        return self.classifier(pooled).astype(jnp.float32)
+        logits = self.classifier(pooled).astype(jnp.float32)
+        return (logits, aux) if intermediates else logits
 
 
 class SpanExtractor(nnx.Module):
@@ -98,17 +111,20 @@ class SpanExtractor(nnx.Module):
         self.encoder = encoder
         self.qa_outputs = dense(cfg, cfg.hidden_size, 2, rngs, init=LECUN)
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None) -> tuple[jax.Array, jax.Array]:
-        h = self.encoder(input_ids, token_type_ids, attention_mask, rng=rng)
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None, intermediates=False):
+        h, aux = _encode(self.encoder, input_ids, token_type_ids, attention_mask, enc_rng=rng,
+                         intermediates=intermediates)  # fmt: skip
         logits = self.qa_outputs(h).astype(jnp.float32)
         logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)
-        return logits[..., 0], logits[..., 1]
+        span = (logits[..., 0], logits[..., 1])
+        return (span, aux) if intermediates else span
 
 
 class MultipleChoice(nnx.Module):
     """Each (context, choice) pair is encoded separately, pooled and scored; softmax over choices.
 
-    Inputs are (B, C, L): B questions with C choices each. Returns (B, C) logits.
+    Inputs are (B, C, L): B questions with C choices each. Returns (B, C) logits; intermediates are those
+    of the B·C encoded pairs.
     """
 
     def __init__(self, encoder: nnx.Module, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -117,10 +133,12 @@ class MultipleChoice(nnx.Module):
         self.classifier = dense(cfg, cfg.hidden_size, 1, rngs, init=LECUN)
         self.rate = cfg.dropout
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None) -> jax.Array:
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None, intermediates=False):
         b, c, n = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(b * c, n)  # noqa: E731
         enc_rng, head_rng = jax.random.split(rng) if rng is not None else (None, None)
-        h = self.encoder(flat(input_ids), flat(token_type_ids), flat(attention_mask), rng=enc_rng)
+        h, aux = _encode(self.encoder, flat(input_ids), flat(token_type_ids), flat(attention_mask),
+                         enc_rng=enc_rng, intermediates=intermediates)  # fmt: skip
         pooled = dropout(self.pooler(h, flat(attention_mask)), self.rate, head_rng)
-        return self.classifier(pooled).astype(jnp.float32).reshape(b, c)
+        logits = self.classifier(pooled).astype(jnp.float32).reshape(b, c)
+        return (logits, aux) if intermediates else logits

@@ -96,7 +96,8 @@ class MultiHeadAttention(nnx.Module):
         self.out = dense(cfg, self.d_attn, d_out or cfg.hidden_size, rngs)
         self.rate = cfg.dropout
 
-    def __call__(self, x, mask=None, rng=None, causal: bool = False) -> jax.Array:
+    def __call__(self, x, mask=None, rng=None, causal: bool = False, *, probs: bool = False):
+        """(B, L, d_out); with ``probs`` also the attention probabilities (B, heads, L, L) before dropout."""
         b, n, _ = x.shape
         split = lambda t: t.reshape(b, n, self.num_heads, -1)  # noqa: E731
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
@@ -106,9 +107,9 @@ class MultiHeadAttention(nnx.Module):
             allowed = allowed & (mask[:, None, None, :] > 0)
         if causal:
             allowed = allowed & jnp.tril(jnp.ones((n, n), bool))[None, None]
-        probs = jax.nn.softmax(jnp.where(allowed, logits, -1e9), axis=-1).astype(x.dtype)
-        probs = dropout(probs, self.rate, rng)
-        return self.out(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, self.d_attn))
+        p = jax.nn.softmax(jnp.where(allowed, logits, -1e9), axis=-1).astype(x.dtype)
+        out = self.out(jnp.einsum("bhqk,bkhd->bqhd", dropout(p, self.rate, rng), v).reshape(b, n, self.d_attn))
+        return (out, p) if probs else out
 
 
 def padding_mask(x: jax.Array, mask: jax.Array | None, enabled: bool) -> jax.Array:
@@ -119,6 +120,53 @@ def padding_mask(x: jax.Array, mask: jax.Array | None, enabled: bool) -> jax.Arr
     return x * mask[..., None].astype(x.dtype)
 
 
+class LayerStack(nnx.Module):
+    """``num_layers`` blocks of one class held as one block whose parameters carry a leading layer axis
+    (the scanned layout, ssmlm.models.layout), so the forward pass is one ``jax.lax.scan`` and XLA compiles
+    the block once whatever the depth.
+
+    Built from the unrolled blocks, so a scanned model initialised with seed s has exactly the parameters
+    of the unrolled one with seed s. ``stack[i]`` is a copy of block i (for reading: kernels, tests);
+    ``stack[i] = block`` writes one back.
+    """
+
+    def __init__(self, blocks: list[nnx.Module]):
+        graphdef, *states = (nnx.split(blocks[0])[0], *(nnx.split(b)[1] for b in blocks))
+        self.block = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+        self.num = len(blocks)
+
+    def __len__(self) -> int:
+        return self.num
+
+    def __getitem__(self, i: int) -> nnx.Module:
+        if not -self.num <= i < self.num:
+            raise IndexError(f"layer {i} of {self.num}")
+        graphdef, state = nnx.split(self.block)
+        return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], state))
+
+    def __setitem__(self, i: int, block: nnx.Module) -> None:
+        _, state = nnx.split(self.block)
+        nnx.update(self.block, jax.tree.map(lambda s, x: s.at[i].set(x), state, nnx.split(block)[1]))
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num))
+
+
+def run_block(graphdef, state, h, mask, rng, intermediates: bool):
+    """One block ``layer(h, mask, rng)`` from its graph definition and state: a pure function of arrays,
+    so the unrolled loop and the scan (and jax.checkpoint around either) call the block the same way.
+    Returns (h, aux) with aux the block's named intermediates plus its output as ``hidden``, or (h, None)."""
+    out = nnx.merge(graphdef, state)(h, mask, rng, intermediates=intermediates)
+    if not intermediates:
+        return out, None
+    h, aux = out
+    return h, {**aux, "hidden": h}
+
+
+def stack_aux(per_layer: list[dict]) -> dict[str, jax.Array]:
+    return {k: jnp.stack([a[k] for a in per_layer]) for k in per_layer[0]}
+
+
 class Encoder(nnx.Module):
     """Embeddings, then ``num_layers`` blocks ``layer(h, mask, rng) -> h``, then a final LayerNorm for
     pre-norm blocks (``pre_norm``) unless ``cfg.final_norm`` is off.
@@ -127,25 +175,47 @@ class Encoder(nnx.Module):
     normalises, so pretraining never bounds it, and a finetuning head that reads the raw stream (pooler,
     span logits) saturates. The final norm is the pre-LN Transformer's answer (ln_f); post-LN blocks end
     in a LayerNorm already. With ``cfg.remat`` each block's activations are recomputed in the backward pass.
+
+    ``cfg.scan_layers`` holds the blocks stacked (LayerStack) and runs them under ``jax.lax.scan``; off, they
+    are a list run by a Python loop. Both compute the same function of the same parameters: block i gets
+    dropout key fold(rng, i + 1) either way. A plain ``jax.lax.scan`` over the split state rather than
+    ``nnx.scan``: the keys and the intermediates are then ordinary scan inputs and outputs.
+
+    ``intermediates=True`` returns ``(h, aux)``: aux maps a name to an array with a leading layer axis —
+    ``hidden`` (num_layers, B, L, d), every block's output (the last one is h before the final norm), and
+    what the family's blocks expose (see their ``__call__``).
     """
 
     def __init__(self, cfg: ModelConfig, layer_cls, *, rngs: nnx.Rngs, positions: bool = True,
                  pre_norm: bool = True):  # fmt: skip
         self.cfg = cfg
         self.embeddings = Embeddings(cfg, rngs=rngs, positions=positions)
-        self.layers = nnx.List([layer_cls(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        blocks = [layer_cls(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+        self.layers = LayerStack(blocks) if cfg.scan_layers else nnx.List(blocks)
         self.final_norm = layer_norm(cfg, cfg.hidden_size, rngs) if pre_norm and cfg.final_norm else None
 
     def word_embeddings(self) -> jax.Array:
         return self.embeddings.word.embedding[...]
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, rng=None) -> jax.Array:
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, rng=None, intermediates=False):
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         h = self.embeddings(input_ids, token_type_ids, fold(rng, 0))
-        for i, layer in enumerate(self.layers):
-            call = nnx.remat(type(layer).__call__) if self.cfg.remat else type(layer).__call__
-            h = call(layer, h, attention_mask, fold(rng, i + 1))
-        return self.final_norm(h) if self.final_norm is not None else h
+        block = lambda g, s, h, r: run_block(g, s, h, attention_mask, r, intermediates)  # noqa: E731
+        if self.cfg.remat:
+            block = jax.checkpoint(block, static_argnums=(0,))
+        if isinstance(self.layers, LayerStack):
+            graphdef, state = nnx.split(self.layers.block)
+            n = len(self.layers)
+            keys = None if rng is None else jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(1, n + 1))
+            h, aux = jax.lax.scan(lambda h, xs: block(graphdef, xs[0], h, xs[1]), h, (state, keys))
+        else:
+            per_layer = []
+            for i, layer in enumerate(self.layers):
+                h, a = block(*nnx.split(layer), h, fold(rng, i + 1))
+                per_layer.append(a)
+            aux = stack_aux(per_layer) if intermediates else None
+        h = self.final_norm(h) if self.final_norm is not None else h
+        return (h, aux) if intermediates else h

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import jax
 from flax import nnx
 
-from ssmlm.models.bigs import SSM, flip
+from ssmlm.models.bigs import SSM, flip, layer_kernels
 from ssmlm.models.config import ModelConfig, StackConfig
 from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
@@ -43,10 +43,15 @@ class SSMRoute(nnx.Module):
         self.w_bi, self.ssm_b, self.w_bo = dense(cfg, d, d, rngs), SSM(cfg, rngs=rngs), dense(cfg, d, d, rngs)
         self.mask_padding = cfg.mask_padding
 
-    def __call__(self, x, mask=None, rng=None) -> jax.Array:
+    def __call__(self, x, mask=None, rng=None, *, probs: bool = False):
+        # probs: the attention route's interface; an SSM route's counterpart is its kernels (kernels())
         pad = lambda t: padding_mask(t, mask, self.mask_padding)  # noqa: E731
         h = self.w_fo(self.ssm_f(pad(self.w_fi(x))))
-        return self.w_bo(flip(self.ssm_b(flip(pad(self.w_bi(h))))))
+        out = self.w_bo(flip(self.ssm_b(flip(pad(self.w_bi(h))))))
+        return (out, self.kernels(x.shape[1])) if probs else out
+
+    def kernels(self, length: int) -> dict[str, jax.Array]:
+        return {"ssm_kernel_forward": self.ssm_f.kernel(length), "ssm_kernel_backward": self.ssm_b.kernel(length)}
 
 
 class StackLayer(nnx.Module):
@@ -63,13 +68,20 @@ class StackLayer(nnx.Module):
         self.rate = cfg.dropout
         self.pre_norm = cfg.stack_norm == "pre"
 
-    def __call__(self, x, mask=None, rng=None) -> jax.Array:
+    def __call__(self, x, mask=None, rng=None, *, intermediates: bool = False):
+        # intermediates: also return the route's attention probabilities (B, heads, L, L) or SSM kernels
         ffn = lambda h: self.ffn_out(self.act(self.ffn_in(h)))  # noqa: E731
+        route = self.route(self.norm1(x) if self.pre_norm else x, mask, fold(rng, 0), probs=intermediates)
+        if intermediates:
+            route, aux = route
+            aux = aux if isinstance(aux, dict) else {"attention": aux}
         if self.pre_norm:
-            x = x + dropout(self.route(self.norm1(x), mask, fold(rng, 0)), self.rate, fold(rng, 1))
-            return x + dropout(ffn(self.norm2(x)), self.rate, fold(rng, 2))
-        x = self.norm1(x + dropout(self.route(x, mask, fold(rng, 0)), self.rate, fold(rng, 1)))
-        return self.norm2(x + dropout(ffn(x), self.rate, fold(rng, 2)))
+            x = x + dropout(route, self.rate, fold(rng, 1))
+            out = x + dropout(ffn(self.norm2(x)), self.rate, fold(rng, 2))
+        else:
+            x = self.norm1(x + dropout(route, self.rate, fold(rng, 1)))
+            out = self.norm2(x + dropout(ffn(x), self.rate, fold(rng, 2)))
+        return (out, aux) if intermediates else out
 
 
 class StackSSMLayer(StackLayer):
@@ -90,11 +102,7 @@ class StackSSMEncoder(Encoder):
         super().__init__(cfg, StackSSMLayer, rngs=rngs, pre_norm=cfg.stack_norm == "pre")
 
     def kernels(self, length: int):
-        k = lambda ssm: ssm.kernel(length) if ssm.A_re.ndim == 1 else ssm.kernel(length).mean(0)  # noqa: E731
-        import jax.numpy as jnp
-
-        return (jnp.stack([k(layer.route.ssm_f) for layer in self.layers]),
-                jnp.stack([k(layer.route.ssm_b) for layer in self.layers]))  # fmt: skip
+        return layer_kernels(self.layers, length, lambda layer: (layer.route.ssm_f, layer.route.ssm_b))
 
 
 Config = StackConfig  # this family's `model:` fields (ssmlm.models.config)

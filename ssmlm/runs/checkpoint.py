@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from ssmlm.errors import CheckpointError
+from ssmlm.models.layout import to_layout
 
 
 @contextlib.contextmanager
@@ -178,16 +179,19 @@ def load_params(run_dir: Path, abstract_params, step: int | None = None):
         raise CheckpointError(f"{run_dir}: no checkpoints/ directory; is this an ssmlm run directory?")
     # Read onto this process's first device, whatever mesh wrote the checkpoint.
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract_params = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or device),
-        abstract_params,
+    on_device = lambda tree: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None) or device), tree
     )
-    args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
+    wanted = abstract_params
 
     with _quiet_orbax(), ocp.CheckpointManager(ckpt_dir) as mgr:
 
         def restore(s: int):
+            # read in the layout the checkpoint was written in (unrolled or scanned blocks)
+            stored = ocp.StandardCheckpointHandler().metadata(ckpt_dir / str(s) / "params")
+            abstract_params = on_device(to_layout(wanted, stored))
             check_shapes(ckpt_dir / str(s), "params", abstract_params)
+            args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
             r = mgr.restore(s, args=args)
             if not isinstance(r.meta, dict) or "step" not in r.meta:
                 raise CheckpointError("its manifest has no step")
@@ -195,4 +199,4 @@ def load_params(run_dir: Path, abstract_params, step: int | None = None):
 
         steps = [step] if step is not None else list(mgr.all_steps())
         _, r = restore_newest(Path(run_dir), steps, restore)
-    return r.params, r.meta
+    return to_layout(r.params, wanted), r.meta

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ssmlm.errors import UserError
+from ssmlm.models.layout import STACKED, is_stacked
 from ssmlm.recipe import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
@@ -73,6 +74,8 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
 
 
 def _spec(shape: tuple[int, ...], mesh: Mesh, path: str) -> P:
+    if is_stacked(path):  # scanned layout: the leading layer axis is never sharded, the rest as one block's
+        return P(None, *_spec(shape[1:], mesh, path.replace(f"/{STACKED}/", "/0/")))
     size = mesh.shape
     fits = lambda dim, axis: size[axis] > 1 and shape[dim] % size[axis] == 0  # noqa: E731
     if len(shape) != 2 or "ssm" in path or "spatial" in path:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.errors import CheckpointError
+from ssmlm.models.layout import to_layout
 
 
 def transplant(target: nnx.Module, source_params, position_init: str = "tile", extend=None) -> dict[str, int]:
@@ -20,8 +21,8 @@ def transplant(target: nnx.Module, source_params, position_init: str = "tile", e
     Parameters only in the target (a new head) keep their initialisation. ``extend(path, old, new_shape)``
     is the model family's hook for other length-dependent parameters (gMLP's spatial weights).
     """
-    src = dict(nnx.to_flat_state(source_params))
     tgt_state = nnx.state(target, nnx.Param)
+    src = dict(nnx.to_flat_state(to_layout(source_params, tgt_state)))  # unrolled ↔ scanned blocks
     report = {"copied": 0, "extended": 0, "fresh": 0}
     flat = []
     for path, var in nnx.to_flat_state(tgt_state):
