@@ -28,7 +28,7 @@ def tiny(arch, **kw):
     base = dict(arch=arch, vocab_size=40, hidden_size=16, num_layers=2, intermediate_size=32, max_seq_length=12,
                 num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.0)  # fmt: skip
     own = fields_of(arch)  # each family has its own fields
-    return ModelConfig(**{k: v for k, v in base.items() if k in own}, **kw)
+    return ModelConfig(**{**{k: v for k, v in base.items() if k in own}, **kw})
 
 
 def encoder(arch, seed=0, **kw):
@@ -144,7 +144,7 @@ def test_pre_ln_is_the_default_and_has_final_norm(arch):
     """Stacked baselines are pre-LN by default (academic-budget-bert's BERT, the setting BiGS Table 1 cites):
     LayerNorm before each sublayer and one after the last layer; post-LN (BERT's original) is an option."""
     post, pre = encoder(arch, stack_norm="post"), encoder(arch)
-    assert ModelConfig().stack_norm == "pre" and load_recipe("bert_large").model.stack_norm == "pre"
+    assert ModelConfig(arch=arch).stack_norm == "pre" and load_recipe("bert_large").model.stack_norm == "pre"
     assert post.final_norm is None and pre.final_norm is not None
     assert pre.layers[0].pre_norm and not post.layers[0].pre_norm
     # pre-LN: the residual stream passes unnormalised between layers; post-LN normalises every layer output

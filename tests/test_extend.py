@@ -70,10 +70,11 @@ def test_gmlp_spatial_weights_grow_with_zero_offsets_and_unit_bias():
 @pytest.mark.parametrize("arch", ["bert", "gmlp"])
 def test_extend_length_trains_at_4x(arch, tmp_path, corpus_file):
     os.chdir(tmp_path)
+    heads = ", num_heads: 2" if arch == "bert" else ""  # gMLP has no num_heads
     (tmp_path / "r.yaml").write_text(
         f"""
 base: default
-model: {{arch: {arch}, hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 16, num_heads: 2}}
+model: {{arch: {arch}, hidden_size: 16, num_layers: 1, intermediate_size: 32, max_seq_length: 16{heads}}}
 data: {{source: "{corpus_file}", vocab_size: 150}}
 objective: {{duplicate_factor: 1}}
 train: {{steps: 2, batch_size: 4, log_every: 1, eval_every: 0, checkpoint_every: 0, out_dir: "{tmp_path / "runs"}"}}

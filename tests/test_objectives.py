@@ -225,7 +225,7 @@ def test_unsharded_step_donates_parameters():
 
     cfg = ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, intermediate_size=32, max_seq_length=16, num_ssm=4)
     graphdef, params = nnx.split(build_mlm(cfg), nnx.Param)
-    tx, _ = make_optimizer(TrainConfig(steps=10, warmup_steps=0), 10)
+    tx = make_optimizer(TrainConfig(steps=10, warmup_steps=0), 10, params, cfg).tx
     step = make_train_step(token_prediction_loss, tx, graphdef, 0)
     t = np.full((2, 16), 7)
     b = make_batch(t, t[:, :3], np.ones((2, 3)), target_positions=np.tile([1, 2, 3], (2, 1)))

@@ -16,14 +16,18 @@ from typer.testing import CliRunner
 from ssmlm.cli import app
 from ssmlm.errors import RecipeError
 from ssmlm.models import build_mlm, count_params, param_rules
+from ssmlm.models.config import fields_of
 from ssmlm.models.rules import SSM_PATTERN, ParamRule, assign, path_name
 from ssmlm.recipe import ModelConfig, TrainConfig, load_recipe
 from ssmlm.train.optim import make_optimizer
 
 
 def tiny(arch: str) -> ModelConfig:
-    return ModelConfig(arch=arch, vocab_size=30, hidden_size=8, num_layers=2, intermediate_size=16,
-                       max_seq_length=8, num_ssm=4, num_heads=2, tiny_attention_size=4)  # fmt: skip
+    base = dict(arch=arch, vocab_size=30, hidden_size=8, num_layers=2, intermediate_size=16, max_seq_length=8,
+                num_ssm=4, num_heads=2, tiny_attention_size=4, scan_layers=False)  # fmt: skip
+    # unrolled, so tensor counts are per layer (the scanned layout's one stacked tensor per parameter is
+    # covered by test_rules_do_not_depend_on_layer_indices and tests/test_scan.py)
+    return ModelConfig(**{k: v for k, v in base.items() if k in fields_of(arch)})
 
 
 def params_of(arch: str):

@@ -163,7 +163,7 @@ def test_overrides_are_parsed_and_coerced(tmp_path):
             "train.warmup_steps=null",
             "train.epochs=2",
             "data.lowercase=false",
-            "data.max_predictions=20",
+            "objective.max_predictions=20",
             "task.name=sst2",
             "task.text_fields=[sentence1, sentence2]",
             "model.a_init=inv",
@@ -174,7 +174,7 @@ def test_overrides_are_parsed_and_coerced(tmp_path):
     assert r.train.learning_rate == 1e-4 and type(r.train.learning_rate) is float
     assert r.train.warmup_steps is None
     assert r.train.epochs == 2.0 and type(r.train.epochs) is float
-    assert r.data.lowercase is False and r.data.max_predictions == 20
+    assert r.data.lowercase is False and r.objective.max_predictions == 20
     assert r.task.name == "sst2" and r.task.text_fields == ["sentence1", "sentence2"]
     assert r.model.a_init == "inv" and r.name == "custom"
     # untouched keys stay as in the file

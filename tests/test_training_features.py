@@ -67,8 +67,11 @@ def test_ssm_parameter_group():
     train = TrainConfig(steps=10, warmup_steps=0, ssm_lr_multiplier=0.0, ssm_weight_decay=False)
     ssm = next(r for r in param_rules(cfg, train) if r.name == "ssm")
     names = [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    layer = "block" if cfg.scan_layers else "0"  # scanned layers: one stacked block
     expected = {
-        f"encoder/layers/0/{m}/{leaf}" for m in ("ssm_f", "ssm_b") for leaf in ("A_re", "A_im", "C", "D", "log_step")
+        f"encoder/layers/{layer}/{m}/{leaf}"
+        for m in ("ssm_f", "ssm_b")
+        for leaf in ("A_re", "A_im", "C", "D", "log_step")
     }
     assert {n for n in names if ssm.matches(n)} == expected
     # lr multiplier 0 freezes exactly the SSM parameters

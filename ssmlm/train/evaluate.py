@@ -10,7 +10,7 @@ from typing import Any
 from flax import nnx
 
 from ssmlm import objectives
-from ssmlm.data.preprocess import read_metadata
+from ssmlm.data.preprocess import FORMAT_VERSION, preprocess, read_metadata
 from ssmlm.errors import UserError
 from ssmlm.objectives.tasks import HEADS, predictions, prepare
 from ssmlm.progress import progress_bar
@@ -62,6 +62,12 @@ def evaluate(
             )
         data_dir = Path(run.info["data_dir"])
         meta = read_metadata(data_dir)
+        if meta.get("format_version", 0) < FORMAT_VERSION:
+            # written by an older ssmlm (masked copies, no token shards): tokenise the run's corpus again with
+            # the run's own tokenizer, so the ids mean what they meant (cached like any preprocessing)
+            data = dataclasses.replace(run.recipe.data, tokenizer=str(run.dir / "tokenizer.json"))
+            data_dir = preprocess(data, meta["max_seq_length"])
+            meta = read_metadata(data_dir)
         objective = objectives.build(run.recipe.objective, meta["special_ids"], meta["vocab_size"],
                                      meta["max_seq_length"], run.recipe.data.seed)  # fmt: skip
         ev = token_eval_data(data_dir, objective, batch_size, None)

@@ -115,12 +115,11 @@ def _extend_source(recipe: Recipe) -> Run:
 
 
 def _preprocessed(data: DataConfig, seq_len: int, quiet: bool) -> Path:
-    """Process 0 preprocesses; the others find its result in the shared cache."""
-    if jax.process_index() == 0:
-        data_dir = preprocess(data, seq_len, quiet=quiet)
+    """Every process tokenises its share of the corpus's chunks (multi-host runs split the shards); process 0
+    writes the metadata once all shards exist. A finished dataset in the shared cache is reused."""
+    hosts = (jax.process_index(), jax.process_count())
+    data_dir = preprocess(data, seq_len, quiet=quiet or hosts[0] != 0, hosts=hosts)
     barrier("preprocess")
-    if jax.process_index() != 0:
-        data_dir = preprocess(data, seq_len, quiet=True)
     return data_dir
 
 
