@@ -133,7 +133,9 @@ def test_full_pipeline(tiny_recipes):
     ft_dir = runs / "tiny-train"
     ft_summary = json.loads((ft_dir / "summary.json").read_text())
     assert ft_summary["final_step"] == 3 * (400 // 16)
-    assert ft_summary["validation"]["accuracy"] > 0.8, ft_summary
+    # 37% of the validation sentences are positive. Across pretraining seeds this tiny run finetunes to 0.72-0.93
+    # (before the objectives moved on the fly: 0.77-0.87), so the bar is "clearly learned", not one seed's luck.
+    assert ft_summary["validation"]["accuracy"] > 0.7, ft_summary
 
     res = invoke("evaluate", "--ckpt", ft_dir)
     ev = json.loads((ft_dir / "eval" / "train-validation.json").read_text())
