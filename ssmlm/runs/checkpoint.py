@@ -140,7 +140,8 @@ class Checkpoints:
         return r.params, r.opt_state, r.meta, (r.controller if abstract_controller is not None else None)
 
     def restore_newest(self, abstract_params, abstract_opt_state, abstract_controller=None):
-        """(step, (params, opt_state, meta, controller)) of the newest checkpoint that restores, or None when there is none.
+        """(step, (params, opt_state, meta, controller)) of the newest checkpoint that restores, or None when
+        there is none.
         Newer broken ones are moved to RUN/broken-checkpoints/ (kept, not deleted), so training can save
         those steps again."""
         steps = list(self.mgr.all_steps())

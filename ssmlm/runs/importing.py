@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ssmlm.errors import CheckpointError, UserError
 from ssmlm.models.convert import (
     CONFIG_FILE,
