@@ -29,7 +29,6 @@ import optax
 from flax import nnx
 
 from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
-from ssmlm.objectives.losses import cross_entropy  # noqa: F401  (kept importable from here)
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
 from ssmlm.runs.checkpoint import Checkpoints
