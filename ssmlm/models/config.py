@@ -26,6 +26,10 @@ FAMILIES = {
     "bert": "ssmlm.models.stack",  # stack/att
     "gmlp": "ssmlm.models.gmlp",  # "Pay Attention to MLPs"
     "amlp": "ssmlm.models.gmlp",  # gMLP + one tiny attention head
+    "gated_ssm": "ssmlm.models.lm",  # Birdie: fused Gated SSM (paper §3.4, A.16.1)
+    "gated_ssm_plus": "ssmlm.models.lm",  # Birdie: Gated SSM + Conv1D + MLP (an assumption; notes §4.4)
+    "hawk": "ssmlm.models.lm",  # Birdie: Hawk / RG-LRU (Griffin)
+    "transformer_lm": "ssmlm.models.lm",  # Birdie: prefix-LM Transformer baseline
 }
 
 
@@ -142,5 +146,31 @@ class GMLPConfig(ModelConfig):
     causal: bool = False  # causal spatial weights (never look ahead)
 
 
+@dataclasses.dataclass(frozen=True)
+class LMConfig(ModelConfig):
+    """`model:` fields of the Birdie language models (birdie_official.md §4; paper Table 7). Defaults are the
+    paper's 1.4B Gated SSM. Shared fields: hidden_size = d, num_layers = blocks; max_seq_length is only the
+    training length (no position table: the SSMs need none, the Transformer uses RoPE)."""
+
+    arch: Literal["gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"] = "gated_ssm"
+    state_size: int = 2560  # N, the recurrence width of the SSMs
+    # which layers process the prefix bidirectionally (state split in halves, the second scanned right to
+    # left inside the prefix): alternate = bidir, causal, bidir, … (the paper); all; none ("Birdie-Causal").
+    # The Transformer's prefix-LM attention is on in every layer unless this is none.
+    bidirectional: Literal["alternate", "all", "none"] = "alternate"
+    mlp_expansion: float = 8 / 3  # gated MLP width / d (gated_ssm_plus, hawk, transformer_lm)
+    conv_width: int = 4  # causal depthwise Conv1D before the recurrence (gated_ssm_plus, hawk)
+    num_heads: int = 16  # transformer_lm (head size hidden_size / num_heads)
+    rope_base: float = 250_000.0  # transformer_lm
+    rg_lru_c: float = 8.0  # hawk: a_t = sigma(Lambda)^(c r_t)
+    norm_eps: float = 1e-6  # RMSNorm
+    tie_embeddings: bool = False
+
+
 # family module -> its config class
-CONFIGS = {"ssmlm.models.bigs": BiGSConfig, "ssmlm.models.stack": StackConfig, "ssmlm.models.gmlp": GMLPConfig}
+CONFIGS = {
+    "ssmlm.models.bigs": BiGSConfig,
+    "ssmlm.models.stack": StackConfig,
+    "ssmlm.models.gmlp": GMLPConfig,
+    "ssmlm.models.lm": LMConfig,
+}
