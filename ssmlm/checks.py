@@ -95,6 +95,14 @@ FIELDS: dict[str, Rule] = {
     "objective.max_predictions": POSITIVE,
     "objective.duplicate_factor": POSITIVE,
     "objective.seed": NON_NEGATIVE,
+    "objective.spacing": NON_NEGATIVE,
+    "objective.min_sample_space": POSITIVE,
+    "model.state_size": POSITIVE,
+    "model.mlp_expansion": above(0),
+    "model.conv_width": POSITIVE,
+    "model.rope_base": above(0),
+    "model.rg_lru_c": above(0),
+    "model.norm_eps": above(0),
     "task.num_labels": POSITIVE,
     "task.max_seq_length": SEQ_LEN,
     "task.text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names"),
@@ -144,10 +152,42 @@ def _micro_ways(r) -> int:
     return max(r.mesh.data, 1) * max(r.mesh.fsdp, 1)
 
 
+LM_ARCHS = ("gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm")
+
 RELATIONS: list[Relation] = [
     Relation(
+        ("objective.kind", "model.arch"),
+        lambda r: True,
+        lambda r: (r.objective.kind == "lm") == (r.model.arch in LM_ARCHS),
+        lambda r: (
+            f"'lm' for the language model model.arch = '{r.model.arch}'"
+            if r.model.arch in LM_ARCHS
+            else f"'mlm' or 'next_token' for the encoder model.arch = '{r.model.arch}' ('lm' needs one of {', '.join(LM_ARCHS)})"
+        ),
+    ),
+    Relation(
+        ("data.tokenizer_type", "objective.kind"),
+        lambda r: True,
+        lambda r: (r.data.tokenizer_type == "byte_bpe") == (r.objective.kind == "lm"),
+        lambda r: "'byte_bpe' (a lossless tokenizer) for objective.kind = 'lm'"
+        if r.objective.kind == "lm"
+        else f"'wordpiece' for objective.kind = '{r.objective.kind}'",
+    ),
+    Relation(
+        ("data.lowercase", "data.tokenizer_type"),
+        lambda r: r.data.tokenizer_type == "byte_bpe",
+        lambda r: not r.data.lowercase,
+        lambda r: "false: a byte-level BPE decodes back to the exact text, which lowercasing would change",
+    ),
+    Relation(
+        ("model.state_size", "model.bidirectional"),
+        lambda r: r.model.arch in LM_ARCHS and r.model.arch != "transformer_lm" and r.model.bidirectional != "none",
+        lambda r: r.model.state_size % 2 == 0,
+        lambda r: "an even number (a bidirectional layer splits the state in halves)",
+    ),
+    Relation(
         ("model.num_heads", "model.hidden_size"),
-        lambda r: r.model.arch in ("gated_att", "bert"),
+        lambda r: r.model.arch in ("gated_att", "bert", "transformer_lm"),
         lambda r: r.model.hidden_size % r.model.num_heads == 0,
         lambda r: f"a divisor of model.hidden_size = {r.model.hidden_size}",
     ),

@@ -169,9 +169,10 @@ def preprocess(
     from ssmlm.data.preprocess import preprocess as run_preprocess
     from ssmlm.data.preprocess import read_metadata
 
-    out = run_preprocess(r.data, r.seq_len, quiet=quiet)
+    layout = "documents" if r.objective.kind == "lm" else "rows"  # language models pack at training time
+    out = run_preprocess(r.data, r.seq_len, quiet=quiet, layout=layout)
     meta = read_metadata(out)
-    keys = ("documents", "tokens", "max_seq_length", "vocab_size", "packing", "fill_rate", "splits")
+    keys = ("documents", "tokens", "max_seq_length", "vocab_size", "layout", "fill_rate", "splits")
     typer.echo(json.dumps({"path": str(out), **{k: meta[k] for k in keys}, "shards": len(meta["shards"])}, indent=2))
 
 
@@ -446,6 +447,47 @@ def results(
     typer.echo(to_markdown(df))
     if out:
         typer.echo(f"wrote {save_table(df, out)}")
+
+
+@app.command()
+@user_errors
+def generate(
+    ckpt: Annotated[str, typer.Option("--ckpt", help="A language-model run directory.")],
+    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text.")] = None,
+    file: Annotated[str | None, typer.Option("--file", help="Read the prompt from this file instead.")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most tokens to generate.")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample only from the k likeliest tokens (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")] = 1.0,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    mode: Annotated[
+        str, typer.Option("--mode", help="Prompt as the bidirectional prefix, or causal after START (auto: by the run's mixture).")
+    ] = "auto",
+    step: Annotated[int | None, typer.Option("--step", help="Checkpoint step (default: the latest).")] = None,
+):
+    """Generate text from a language-model run (greedy, or sampled with temperature / top-k / top-p).
+
+    Example: ssmlm generate --ckpt runs/birdie_gated_ssm --prompt "It is a truth universally" --max-tokens 40
+    """
+    checks.option("--max-tokens", max_tokens, checks.POSITIVE)
+    checks.option("--temperature", temperature, checks.Rule(lambda v: v >= 0, "at least 0 (0 = greedy)"))
+    checks.option("--top-k", top_k, checks.NON_NEGATIVE)
+    checks.option("--top-p", top_p, checks.Rule(lambda v: 0 < v <= 1, "a number in (0, 1]"))
+    if (prompt is None) == (file is None):
+        raise UserError("give the prompt as exactly one of --prompt TEXT or --file FILE")
+    if file is not None:
+        path = Path(file)
+        if not path.is_file():
+            raise UserError(f"--file {file}: no such file")
+        prompt = path.read_text(encoding="utf-8")
+    checks.run_dir(ckpt, "--ckpt")
+    from ssmlm.models.decode import Sampling
+    from ssmlm.runs.generate import load_generator
+
+    gen = load_generator(ckpt, mode, step)
+    sampling = Sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    typer.echo(gen(prompt, sampling, stop or ()))
 
 
 def _register_analyses() -> None:

@@ -36,7 +36,9 @@ class DataConfig:
     text_field: str = "text"  # column holding the text in jsonl/csv/parquet/hub sources
     split: str = "train"  # hub split
     max_documents: int | None = None  # cap on documents read (None: all)
-    tokenizer: str = "train"  # 'train' a WordPiece on the corpus, or a vocab.txt / tokenizer.json path
+    tokenizer: str = "train"  # 'train' one on the corpus, or a vocab.txt / tokenizer.json path
+    # wordpiece (the encoders'), or byte_bpe: a lossless byte-level BPE with the LM reserved tokens (LM recipes)
+    tokenizer_type: Literal["wordpiece", "byte_bpe"] = "wordpiece"
     vocab_size: int = 30522  # when training a tokenizer
     lowercase: bool = True
     max_seq_length: int | None = None  # None: the model's max_seq_length
@@ -53,7 +55,7 @@ class DataConfig:
 class ObjectiveConfig:
     """How token rows become training examples (ssmlm.objectives): the kind, and its parameters."""
 
-    kind: Literal["mlm", "next_token"] = "mlm"  # registry: ssmlm.objectives.OBJECTIVES
+    kind: Literal["mlm", "next_token", "lm"] = "mlm"  # registry: ssmlm.objectives.OBJECTIVES; lm = Birdie's
     # mlm: static = every row has `duplicate_factor` fixed masked copies (Izsak et al.; the official BiGS
     # data), dynamic = a fresh mask every step (RoBERTa), a function of (seed, step, row).
     masking: Literal["static", "dynamic"] = "static"
@@ -61,6 +63,16 @@ class ObjectiveConfig:
     max_predictions: int | None = None  # None: round(masked_lm_prob * length); BiGS shards use 20 at 128
     duplicate_factor: int = 10  # static masking: differently-masked copies of every row
     seed: int | None = None  # None: data.seed
+    # lm (the language models; ssmlm.objectives.birdie): the mixture of objective configurations, sampled
+    # per packed sample: clm (next-token only), ul2 (v1 table), ul2_decoder, birdie_fixed (the Birdie grid at
+    # its initial action, frozen: a stand-in for the paper's unpublished fixed ratios), birdie (the grid; a
+    # controller moves the action while training runs).
+    mixture: Literal["clm", "ul2", "ul2_decoder", "birdie_fixed", "birdie"] = "clm"
+    # paradigm token of the sample's objective class: at the start of the prefix, at its end half the time
+    # (paper A.6), or none
+    paradigm: Literal["start", "end_half", "none"] = "start"
+    spacing: int = 0  # pad slots between packed samples (paper A.11); 0: the models mask Conv1D taps instead
+    min_sample_space: int = 32  # a row is closed once less room than this is left
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,15 @@ import numpy as np
 from ssmlm.data.masking import pack, rows_to_array
 from ssmlm.data.shards import row_dtype, save_atomic, shard_name, write_json_atomic
 from ssmlm.data.sources import Document, corpus_fingerprint, open_corpus
-from ssmlm.data.tokenizer import load_tokenizer, special_ids, train_wordpiece
+from ssmlm.data.tokenizer import (
+    is_lm_tokenizer,
+    lm_special_ids,
+    load_lm_tokenizer,
+    load_tokenizer,
+    special_ids,
+    train_byte_bpe,
+    train_wordpiece,
+)
 from ssmlm.errors import DataError, Interrupted
 from ssmlm.progress import progress_bar
 from ssmlm.recipe import DataConfig
@@ -92,6 +100,8 @@ def output_dir(
         {
             "v": FORMAT_VERSION,
             "cfg": {f: getattr(cfg, f) for f in TOKEN_FIELDS},
+            # only when not the default, so that WordPiece datasets keep the directories they had
+            **({"tokenizer_type": cfg.tokenizer_type} if cfg.tokenizer_type != "wordpiece" else {}),
             "len": seq_len,
             "corpus": corpus_fingerprint(cfg.source, cfg.text_field, cfg.split, cfg.max_documents),
             "tok": "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer),
@@ -150,7 +160,9 @@ def preprocess(
     for d in (out / "shards", *(out / s for s in SPLITS)):
         d.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(cfg, out, host)
-    ids = special_ids(tok)
+    ids = _special_ids(tok)
+    if layout == "rows" and is_lm_tokenizer(tok):
+        raise DataError(f"tokenizer '{cfg.tokenizer}': a language-model tokenizer needs the 'documents' layout")
     if ids["pad"] != 0:
         raise DataError(f"tokenizer '{cfg.tokenizer}': [PAD] must have id 0 (has {ids['pad']})")
     dtype = row_dtype(tok.get_vocab_size()) if layout == "rows" else np.dtype(np.int32)
@@ -194,19 +206,35 @@ def _tokenizer(cfg: DataConfig, out: Path, host: int):
     """The run's tokenizer, saved in ``out`` first thing: a resumed run (and every host) uses that copy."""
     saved = out / "tokenizer.json"
     if not saved.is_file():
+        lm = cfg.tokenizer_type == "byte_bpe"
         if cfg.tokenizer != "train":
-            tok = load_tokenizer(cfg.tokenizer, cfg.lowercase)
+            tok = load_lm_tokenizer(cfg.tokenizer) if lm else load_tokenizer(cfg.tokenizer, cfg.lowercase)
         elif host == 0:
             stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
-            tok = train_wordpiece((line for doc in stream.documents for line in doc), cfg.vocab_size, cfg.lowercase)
+            lines = (line for doc in stream.documents for line in doc)
+            if lm:
+                tok = train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size)
+            else:
+                tok = train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)
         else:  # the other hosts use host 0's tokenizer: training is not guaranteed to be bit-identical
             while not saved.is_file():
                 time.sleep(1.0)
-            return load_tokenizer(saved)
+            return _load_saved(saved)
         tmp = saved.with_name(f"tokenizer.json.{host}.tmp")
         tok.save(str(tmp))
         os.replace(tmp, saved)
-    return load_tokenizer(saved)
+    return _load_saved(saved)
+
+
+def _load_saved(path: Path):
+    """A dataset's own tokenizer.json (WordPiece for encoders, with the reserved tokens for LMs)."""
+    from tokenizers import Tokenizer
+
+    return load_tokenizer(path) if not is_lm_tokenizer(Tokenizer.from_file(str(path))) else load_lm_tokenizer(path)
+
+
+def _special_ids(tok) -> dict[str, int]:
+    return lm_special_ids(tok) if is_lm_tokenizer(tok) else special_ids(tok)
 
 
 def _encode(tok, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -231,7 +259,9 @@ def _write_shard(out, index, docs, tok, ids, cfg, seq_len, layout, dtype) -> dic
     val = [_is_validation(d, cfg.validation_fraction) for d in docs]
     ordered = [d for d, v in zip(docs, val, strict=True) if not v] + [d for d, v in zip(docs, val, strict=True) if v]
     n_train = len(docs) - sum(val)
-    tokens, line_lengths = _encode(tok, [line for d in ordered for line in d])
+    # documents (language models): every line ends in a newline, so decoded text keeps its line breaks
+    end = "\n" if layout == "documents" else ""
+    tokens, line_lengths = _encode(tok, [line + end for d in ordered for line in d])
     doc_lines = np.array([len(d) for d in ordered], np.int64)
     split_line = int(doc_lines[:n_train].sum())
     split_token = int(line_lengths[:split_line].sum())
@@ -280,8 +310,8 @@ def finalize(
     while not all(m.is_file() for m in markers):
         time.sleep(poll_s)
     shards = [json.loads(m.read_text()) for m in markers]
-    tok = load_tokenizer(out / "tokenizer.json")
-    ids = special_ids(tok)
+    tok = _load_saved(out / "tokenizer.json")
+    ids = _special_ids(tok)
     splits = {}
     for split in SPLITS:
         n = sum(s[split] for s in shards)

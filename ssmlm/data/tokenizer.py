@@ -1,7 +1,13 @@
-"""WordPiece tokenizers: trained on the corpus with `tokenizers`, or loaded from a vocab.txt / tokenizer.json.
+"""Tokenizers, trained on the corpus with `tokenizers` or loaded from a file.
 
-Every tokenizer ssmlm uses has the BERT special tokens and adds [CLS] … [SEP] (and [SEP] between pair
-segments) itself, so a trained tokenizer behaves like the bert-large-uncased one the BiGS models use.
+Encoders (``data.tokenizer_type: wordpiece``): every tokenizer has the BERT special tokens and adds [CLS] …
+[SEP] (and [SEP] between pair segments) itself, so a trained tokenizer behaves like the bert-large-uncased one
+the BiGS models use.
+
+Language models (``byte_bpe``): a byte-level BPE, whose decode gives back exactly the text encoded (generation
+and the evaluations compare decoded text), with the reserved tokens of ssmlm.data.reserved added as special
+tokens. A loaded tokenizer.json (e.g. a 32,000-token Llama-2-style vocabulary) gets the reserved tokens
+appended if it lacks them.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from ssmlm.data.reserved import PAD, RESERVED, START
 from ssmlm.errors import DataError
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -68,3 +75,49 @@ def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
 
 def special_ids(tok: Tokenizer) -> dict[str, int]:
     return {s.strip("[]").lower(): tok.token_to_id(s) for s in SPECIALS}
+
+
+def train_byte_bpe(lines: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style: every byte is in the base alphabet, so nothing is ever unknown), with
+    <|pad|> as id 0 and the reserved tokens next."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, *RESERVED],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+def load_lm_tokenizer(path: str | Path) -> Tokenizer:
+    """A tokenizer.json for a language model, with the reserved tokens added (appended to its vocabulary)
+    where missing."""
+    p = Path(path).expanduser()
+    if p.is_dir() and (p / "tokenizer.json").is_file():
+        p = p / "tokenizer.json"
+    if not p.is_file() or p.suffix != ".json":
+        raise DataError(f"tokenizer '{path}': no such tokenizer.json (language models need a lossless tokenizer)")
+    try:
+        tok = Tokenizer.from_file(str(p))
+    except Exception as e:
+        raise DataError(f"tokenizer '{p}': could not be read: {str(e).splitlines()[0]}") from None
+    missing = [t for t in RESERVED if tok.token_to_id(t) is None]
+    if missing:
+        tok.add_special_tokens(missing)
+    return tok
+
+
+def is_lm_tokenizer(tok: Tokenizer) -> bool:
+    return tok.token_to_id(START) is not None
+
+
+def lm_special_ids(tok: Tokenizer) -> dict[str, int]:
+    """The ids a language model's data needs: pad (0 when the tokenizer has no pad token: padding is marked
+    by segment id 0, not by its token) and start."""
+    pad = tok.token_to_id(PAD)
+    return {"pad": 0 if pad is None else pad, "start": tok.token_to_id(START)}

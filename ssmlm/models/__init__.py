@@ -38,6 +38,21 @@ def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
     return user_rules(train) + family(cfg.arch).param_rules(cfg, train)
 
 
+def is_lm(arch: str) -> bool:
+    """A language model (Birdie's families) rather than an encoder."""
+    return FAMILIES[arch] == "ssmlm.models.lm"
+
+
+def build_pretraining_model(cfg: ModelConfig, seed: int = 0):
+    """What pretraining trains: an encoder with its MLM head, or a language model."""
+    if is_lm(cfg.arch):
+        from ssmlm.models.lm import LanguageModel
+        from flax import nnx
+
+        return LanguageModel(cfg, rngs=nnx.Rngs(params=seed))
+    return build_mlm(cfg, seed)
+
+
 def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
     return cfg if cfg.vocab_size == vocab_size else dataclasses.replace(cfg, vocab_size=vocab_size)
 

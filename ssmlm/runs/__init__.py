@@ -26,7 +26,7 @@ import yaml
 from flax import nnx
 
 from ssmlm.errors import CheckpointError, UserError
-from ssmlm.models import build_mlm
+from ssmlm.models import build_pretraining_model
 from ssmlm.models.config import FAMILIES, ModelConfig, fields_of
 from ssmlm.objectives.tasks import HEADS
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
@@ -55,7 +55,7 @@ class Run:
         if self.kind == "finetune":
             head = HEADS[self.info.get("head", "classify")]
             return nnx.eval_shape(lambda: head.build(cfg, self.info["num_labels"]))
-        return nnx.eval_shape(lambda: build_mlm(cfg))
+        return nnx.eval_shape(lambda: build_pretraining_model(cfg))
 
     def load_model(self, step: int | None = None):
         abstract = self.abstract_model()

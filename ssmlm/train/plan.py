@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ssmlm.models import build_classifier, build_mlm, with_vocab
+from ssmlm.models import build_classifier, build_pretraining_model, is_lm, with_vocab
 from ssmlm.models.flops import abstract, flops_per_token, memory_bytes, param_counts
 from ssmlm.objectives import predictions_per_row
 from ssmlm.recipe import Recipe
@@ -16,8 +16,10 @@ def _vocab_size(recipe: Recipe) -> int:
         return recipe.model.vocab_size
     if recipe.data.tokenizer == "train":
         return recipe.data.vocab_size
-    from ssmlm.data.tokenizer import load_tokenizer
+    from ssmlm.data.tokenizer import load_lm_tokenizer, load_tokenizer
 
+    if recipe.data.tokenizer_type == "byte_bpe":
+        return load_lm_tokenizer(recipe.data.tokenizer).get_vocab_size()
     return load_tokenizer(recipe.data.tokenizer).get_vocab_size()
 
 
@@ -29,8 +31,9 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
         model = abstract(lambda: build_classifier(cfg, num_labels or 2))
         preds = None
     else:
-        model = abstract(lambda: build_mlm(cfg))
-        preds = predictions_per_row(recipe.objective, seq_len)
+        model = abstract(lambda: build_pretraining_model(cfg))
+        # a language model predicts at every position (its untied head is counted with the dense parameters)
+        preds = None if is_lm(cfg.arch) else predictions_per_row(recipe.objective, seq_len)
     counts = param_counts(model)
     per_token = flops_per_token(model, cfg, seq_len, preds)
     tokens_per_step = recipe.train.batch_size * seq_len

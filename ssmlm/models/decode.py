@@ -1,0 +1,94 @@
+"""Decoding a language model token by token: prefill the prompt once, then one recurrent step (O(1) state per
+layer for the SSMs, a KV cache for the Transformer) per generated token.
+
+A prompt is laid out as a training sample is (birdie_official.md §3.1): ``prefix`` tokens (processed
+bidirectionally by the layers that can), then ``causal`` tokens — START and whatever follows it — and the
+generated tokens continue the causal part. Sampling: greedy at temperature 0, else softmax(logits / T)
+restricted to the top-k tokens and to the smallest set whose probability reaches top-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """The next token from one row of logits."""
+    logits = np.asarray(logits, np.float64)
+    if s.temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits / s.temperature
+    if s.top_k and s.top_k < len(z):
+        z = np.where(z >= np.partition(z, -s.top_k)[-s.top_k], z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if s.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        keep = np.cumsum(p[order]) - p[order] < s.top_p  # the smallest prefix whose mass reaches top_p
+        mask = np.zeros_like(p, bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(len(p), p=p))
+
+
+@nnx.jit
+def _prefill(model, tokens, token_types, cache):
+    return model.prefill(tokens, token_types, cache)
+
+
+@nnx.jit
+def _step(model, tokens, cache):
+    return model.step(tokens, cache)
+
+
+def generate_ids(
+    model,
+    prefix: Sequence[int],
+    causal: Sequence[int],
+    sampling: Sampling = Sampling(),
+    stop: Callable[[list[int]], bool] | None = None,
+    logits_out: list | None = None,
+) -> list[int]:
+    """Generated token ids after ``prefix`` (bidirectional) + ``causal`` (START first). ``stop(ids)`` is asked
+    after every token; ``logits_out``, when given, receives each step's logits (for tests and scoring)."""
+    if not causal:
+        raise ValueError("the causal part of a prompt starts with the START token; got none")
+    tokens = np.asarray([*prefix, *causal], np.int32)[None]
+    types = np.asarray([1] * len(prefix) + [3] * len(causal), np.int32)[None]
+    cache = model.init_cache(1, tokens.shape[1] + sampling.max_new_tokens)
+    logits, cache = _prefill(model, jnp.asarray(tokens), jnp.asarray(types), cache)
+    last = np.asarray(logits[0, -1])
+    rng = np.random.default_rng(sampling.seed)
+    out: list[int] = []
+    for _ in range(sampling.max_new_tokens):
+        if logits_out is not None:
+            logits_out.append(last)
+        out.append(choose(last, sampling, rng))
+        if stop is not None and stop(out):
+            break
+        logits, cache = _step(model, jnp.asarray([out[-1]], jnp.int32), cache)
+        last = np.asarray(logits[0])
+    return out
+
+
+def sequence_logits(model, prefix: Sequence[int], causal: Sequence[int]) -> jax.Array:
+    """Full-sequence forward pass of one prompt laid out like ``generate_ids`` lays it out: (L, V) logits."""
+    tokens = jnp.asarray([[*prefix, *causal]], jnp.int32)
+    types = jnp.asarray([[1] * len(prefix) + [3] * len(causal)], jnp.int32)
+    return model(tokens, token_types=types)[0]

@@ -1,0 +1,92 @@
+"""Language-model data: the lossless byte-level BPE with reserved tokens, the documents layout with line
+breaks kept, and the recipe rules that tie LM archs, the lm objective and the tokenizer together."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import english_lines
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from ssmlm.data.preprocess import preprocess, read_metadata
+from ssmlm.data.reserved import RESERVED, START, reserved_ids
+from ssmlm.data.shards import TokenDocuments
+from ssmlm.data.tokenizer import load_lm_tokenizer, train_byte_bpe
+from ssmlm.errors import RecipeError
+from ssmlm.recipe import DataConfig, load_recipe
+
+ODD = "Naïve café — “quotes”, tabs\there,  two  spaces,\nnew lines, 数字 123, emoji 🐦 and <|start|> text."
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_byte_bpe(english_lines(400) + [ODD], 600)
+
+
+def test_byte_bpe_decodes_to_exactly_the_text(bpe):
+    for text in [ODD, "  leading and trailing  ", "\n\n", "Ünïcödé ñ ß", "x" * 300]:
+        assert bpe.decode(bpe.encode(text, add_special_tokens=False).ids, skip_special_tokens=False) == text
+
+
+def test_reserved_tokens_are_single_special_ids(bpe):
+    ids = reserved_ids(bpe.token_to_id)
+    assert len(set(ids.values())) == len(RESERVED)
+    assert bpe.token_to_id("<|pad|>") == 0
+    assert bpe.encode(START, add_special_tokens=False).ids == [ids[START]]
+    assert len(RESERVED) < bpe.get_vocab_size() <= 600  # a tiny corpus runs out of merges first
+
+
+def test_a_loaded_tokenizer_gets_the_reserved_tokens_appended(tmp_path):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(english_lines(200), trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    size = tok.get_vocab_size()
+    loaded = load_lm_tokenizer(tmp_path / "tokenizer.json")
+    ids = reserved_ids(loaded.token_to_id)
+    assert sorted(ids.values()) == list(range(size, size + len(RESERVED)))  # appended, existing ids unchanged
+
+
+def test_documents_layout_keeps_line_breaks(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = [english_lines(30, seed=i) for i in range(6)]
+    for i, lines in enumerate(docs):
+        (corpus / f"{i}.txt").write_text("\n".join(lines) + "\n")
+    cfg = DataConfig(source=str(corpus), tokenizer_type="byte_bpe", lowercase=False, vocab_size=500,
+                     validation_fraction=0.0)  # fmt: skip
+    out = preprocess(cfg, 64, tmp_path / "data", quiet=True, layout="documents")
+    meta = read_metadata(out)
+    assert meta["layout"] == "documents" and meta["special_ids"]["start"] is not None
+    tok = load_lm_tokenizer(out / "tokenizer.json")
+    got = sorted(tok.decode(TokenDocuments(out, "train")[i].tolist()) for i in range(len(docs)))
+    assert got == sorted("".join(line + "\n" for line in lines) for lines in docs)
+    # a language-model tokenizer cannot make BERT rows
+    with pytest.raises(Exception, match="documents"):
+        preprocess(cfg, 64, tmp_path / "data2", quiet=True, layout="rows")
+
+
+def test_lm_recipe_rules():
+    r = load_recipe("clm_gated_ssm")
+    assert (r.objective.kind, r.data.tokenizer_type, r.model.arch) == ("lm", "byte_bpe", "gated_ssm")
+    with pytest.raises(RecipeError, match="'objective.kind' = 'lm'.*encoder"):
+        load_recipe("default", ["objective.kind=lm"])
+    with pytest.raises(RecipeError, match="objective.kind"):
+        load_recipe("clm_gated_ssm", ["objective.kind=mlm"])
+    with pytest.raises(RecipeError, match="data.lowercase"):
+        load_recipe("clm_gated_ssm", ["data.lowercase=true"])
+    with pytest.raises(RecipeError, match="model.state_size"):
+        load_recipe("birdie_gated_ssm", ["model.state_size=255"])
+    with pytest.raises(RecipeError, match="belongs to"):
+        load_recipe("clm_gated_ssm", ["model.sgu=additive"])
+    assert dataclasses.asdict(load_recipe("birdie_hawk").model)["param_dtype"] == "float32"
+
+
+def test_every_lm_recipe_loads():
+    for name in ["clm_gated_ssm", "ul2_gated_ssm", "ul2_decoder_gated_ssm", "birdie_fixed_gated_ssm",
+                 "birdie_causal_gated_ssm", "birdie_gated_ssm", "clm_hawk", "birdie_hawk", "clm_transformer",
+                 "birdie_transformer", "birdie_gated_ssm_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4"]:  # fmt: skip
+        r = load_recipe(name)
+        assert r.objective.kind == "lm" and np.isfinite(r.train.learning_rate)
