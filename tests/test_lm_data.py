@@ -90,3 +90,12 @@ def test_every_lm_recipe_loads():
                  "birdie_transformer", "birdie_gated_ssm_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4"]:  # fmt: skip
         r = load_recipe(name)
         assert r.objective.kind == "lm" and np.isfinite(r.train.learning_rate)
+
+
+def test_document_lengths_come_from_the_offsets(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(english_lines(50)) + "\n")
+    cfg = DataConfig(source=str(corpus), tokenizer_type="byte_bpe", lowercase=False, vocab_size=400,
+                     validation_fraction=0.0)  # fmt: skip
+    docs = TokenDocuments(preprocess(cfg, 64, tmp_path / "d", quiet=True, layout="documents"), "train")
+    assert docs.lengths.tolist() == [len(docs[i]) for i in range(len(docs))]

@@ -124,6 +124,14 @@ class TokenDocuments:
             self._maps[i] = (np.load(base + ".tokens.npy", mmap_mode="r"), np.load(base + ".offsets.npy"))
         return self._maps[i]
 
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every document's token count, from the offsets alone (no token is read)."""
+        if not hasattr(self, "_lengths"):
+            parts = [np.diff(self._shard(i)[1]) for i in range(len(self._files))]
+            self._lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return self._lengths
+
     def __getitem__(self, i: int) -> np.ndarray:
         if not 0 <= i < len(self):
             raise IndexError(f"document {i} out of range for {len(self)} documents")
