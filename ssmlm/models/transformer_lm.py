@@ -1,0 +1,166 @@
+"""The Birdie paper's Transformer baseline block: a pre-norm prefix-LM Transformer (birdie_official.md §3.4,
+§4.5; Table 7: 16 heads × 128, MLP expansion 8/3, RoPE base 250 000).
+
+One block, with x (L × d) the residual stream of a packed row, H heads of size d_h = d/H:
+
+    h    = RMSNorm(x)                      RMSNorm(x) = x / √(mean(x²) + ε) ⊙ g,   g initialised to 1
+    q, k, v = h W_q, h W_k, h W_v           d → d each, no biases, split into H heads
+    q, k = RoPE(q, pos), RoPE(k, pos)        pos = position within the sample (ctx.positions)
+    a    = softmax(q kᵀ / √d_h + bias) v W_o
+    x    = x + a
+    x    = x + W_down(silu(W_gate h') ⊙ W_up h'),   h' = RMSNorm(x),   W_gate, W_up: d → round(8/3 · d)
+
+The attention bias is 0 where allowed and a large negative number elsewhere, with (prefix-LM, §3.4)
+
+    allowed(q, k) = [(prefix_q ∧ prefix_k) ∨ k ≤ q] ∧ segment_q = segment_k ∧ segment_k ≠ 0
+
+in every layer when ``bidirectional`` (the paper: "equivalent to the Prefix LM architecture"), and without
+the prefix term (plain causal) otherwise. The last factor is ours: padding (segment 0) is never attended,
+so a padding query attends to nothing and its attention output is 0 (instead of NaN or a mean of padding).
+
+Parameters per block: 4d² (attention) + 3·d·round(8d/3) (SwiGLU) + 2d (two RMSNorm scales).
+
+Decoding keeps a KV cache per block: ``prefill`` runs a prompt (the same mask as training, so a
+bidirectional prefix followed by causal tokens) and stores its keys/values at 0..P-1; ``step`` appends one
+causal token, which attends to every cached key plus itself.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ssmlm.models.config import LMConfig
+from ssmlm.models.layers import DTYPES
+from ssmlm.models.lm_context import Context
+
+NEG_INF = -1e30  # finite, so a fully-masked row stays finite (float32 scores)
+
+
+class RMSNorm(nnx.Module):
+    """x / √(mean(x²) + eps) ⊙ scale over the last axis, computed in float32; scale initialised to 1.
+    Returns ``dtype`` (default: the input's dtype)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, param_dtype=jnp.float32, dtype=None):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype or x.dtype)
+
+
+def rope(x, positions, base: float):
+    """Rotary position embedding of x (..., L, H, d_h) at integer positions (..., L).
+
+    Channel i is paired with channel i + d_h/2 (the "rotate half" layout of Llama/Gemma) and the pair is
+    rotated by the angle pos · base^(-2i/d_h). Angles in float32; returns x's dtype."""
+    half = x.shape[-1] // 2
+    freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2 / x.shape[-1])  # (d_h/2,)
+    angle = positions.astype(jnp.float32)[..., None, None] * freq  # (..., L, 1, d_h/2)
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention_mask(ctx: Context, bidirectional: bool):
+    """allowed (B, L_q, L_k) bool for one packed row per batch entry (module docstring)."""
+    seg, n = ctx.segment_ids, ctx.segment_ids.shape[1]
+    see = jnp.tril(jnp.ones((n, n), bool))[None]  # k ≤ q
+    if bidirectional:
+        see = see | (ctx.prefix[:, :, None] & ctx.prefix[:, None, :])
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+    return see & same
+
+
+def attend(q, k, v, allowed):
+    """softmax(q kᵀ/√d_h) v over the allowed keys. q (B, Lq, H, d_h), k, v (B, Lk, H, d_h), allowed
+    (B, Lq, Lk). Scores and softmax in float32; a query with no allowed key gets 0."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
+    mask = allowed[:, None]
+    p = jax.nn.softmax(jnp.where(mask, s, NEG_INF), axis=-1) * mask  # "* mask": rows with no key → 0
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
+
+
+class TransformerBlock(nnx.Module):
+    """Pre-RMSNorm multi-head self-attention (RoPE, prefix-LM mask when ``bidirectional``) and SwiGLU MLP,
+    each with a residual connection. ``__call__`` (B, L, d) → (B, L, d) for training; ``init_cache`` /
+    ``prefill`` / ``step`` for decoding."""
+
+    def __init__(self, cfg: LMConfig, bidirectional: bool, *, rngs: nnx.Rngs):
+        d, heads = cfg.hidden_size, cfg.num_heads
+        if d % heads:
+            raise ValueError(f"hidden_size {d} is not divisible by num_heads {heads}")
+        width = round(cfg.mlp_expansion * d)
+        dtype, param_dtype = DTYPES[cfg.compute_dtype], DTYPES[cfg.param_dtype]
+        lin = lambda i, o: nnx.Linear(  # noqa: E731
+            i, o, use_bias=False, kernel_init=nnx.initializers.normal(cfg.initializer_range),
+            dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+        )  # fmt: skip
+        norm = lambda: RMSNorm(d, cfg.norm_eps, param_dtype=param_dtype, dtype=dtype)  # noqa: E731
+        self.attn_norm = norm()
+        self.query, self.key, self.value, self.out = lin(d, d), lin(d, d), lin(d, d), lin(d, d)
+        self.mlp_norm = norm()
+        self.gate, self.up, self.down = lin(d, width), lin(d, width), lin(width, d)
+        self.bidirectional = bidirectional
+        self.num_heads = heads
+        self.head_size = d // heads
+        self.rope_base = cfg.rope_base
+        self.dtype = dtype
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    def qkv(self, x, positions):
+        """Normalised x (..., L, d) → q, k, v (..., L, H, d_h), q and k rotated by RoPE at ``positions``."""
+        h = self.attn_norm(x)
+        split = lambda t: t.reshape(*t.shape[:-1], self.num_heads, self.head_size)  # noqa: E731
+        q, k, v = split(self.query(h)), split(self.key(h)), split(self.value(h))
+        return rope(q, positions, self.rope_base), rope(k, positions, self.rope_base), v
+
+    def finish(self, x, a):
+        """x + W_o a, then the SwiGLU residual: the block's output from its input and attention values."""
+        x = x + self.out(a.reshape(*a.shape[:-2], -1)).astype(x.dtype)
+        h = self.mlp_norm(x)
+        return x + self.down(jax.nn.silu(self.gate(h)) * self.up(h)).astype(x.dtype)
+
+    # -- training -------------------------------------------------------------------------------------
+    def __call__(self, x, ctx: Context):
+        q, k, v = self.qkv(x, ctx.positions)
+        return self.finish(x, attend(q, k, v, attention_mask(ctx, self.bidirectional)))
+
+    # -- decoding -------------------------------------------------------------------------------------
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        """Empty KV cache: k, v (B, max_len, H, d_h) in the compute dtype and ``lengths`` (B,) int32, the
+        number of filled slots per row."""
+        shape = (batch, max_len, self.num_heads, self.head_size)
+        zeros = jnp.zeros(shape, self.dtype)
+        return {"k": zeros, "v": zeros, "lengths": jnp.zeros((batch,), jnp.int32)}
+
+    def prefill(self, x, ctx: Context, cache: dict):
+        """Run a prompt (B, P, d), one sample per row, with the training mask (its prefix bidirectional when
+        the block is), and store its keys/values in slots 0..P-1. ``lengths`` becomes the number of
+        non-padding tokens per row (P for an unpadded prompt; padding, if any, must be at the end)."""
+        q, k, v = self.qkv(x, ctx.positions)
+        out = self.finish(x, attend(q, k, v, attention_mask(ctx, self.bidirectional)))
+        p = x.shape[1]
+        cache = {
+            "k": cache["k"].at[:, :p].set(k.astype(cache["k"].dtype)),
+            "v": cache["v"].at[:, :p].set(v.astype(cache["v"].dtype)),
+            "lengths": jnp.sum(ctx.segment_ids != 0, axis=1).astype(jnp.int32),
+        }
+        return out, cache
+
+    def step(self, x, cache: dict, pos):
+        """One new causal token per row: x (B, d) at RoPE positions ``pos`` (B,) int32. Its key/value go to
+        slot ``lengths``; it attends to slots 0..lengths (the cached keys and itself)."""
+        q, k, v = self.qkv(x[:, None], pos[:, None])  # (B, 1, H, d_h)
+        n = cache["lengths"]
+        slots = jnp.arange(cache["k"].shape[1])[None]  # (1, max_len)
+        here = (slots == n[:, None])[:, :, None, None]
+        keys = jnp.where(here, k.astype(cache["k"].dtype), cache["k"])
+        values = jnp.where(here, v.astype(cache["v"].dtype), cache["v"])
+        allowed = (slots <= n[:, None])[:, None]  # (B, 1, max_len)
+        out = self.finish(x[:, None], attend(q, keys, values, allowed))[:, 0]
+        return out, {"k": keys, "v": values, "lengths": n + 1}
