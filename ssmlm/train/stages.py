@@ -114,11 +114,11 @@ def _extend_source(recipe: Recipe) -> Run:
     return source
 
 
-def _preprocessed(data: DataConfig, seq_len: int, quiet: bool) -> Path:
+def _preprocessed(data: DataConfig, seq_len: int, quiet: bool, layout: str = "rows") -> Path:
     """Every process tokenises its share of the corpus's chunks (multi-host runs split the shards); process 0
     writes the metadata once all shards exist. A finished dataset in the shared cache is reused."""
     hosts = (jax.process_index(), jax.process_count())
-    data_dir = preprocess(data, seq_len, quiet=quiet or hosts[0] != 0, hosts=hosts)
+    data_dir = preprocess(data, seq_len, quiet=quiet or hosts[0] != 0, hosts=hosts, layout=layout)
     barrier("preprocess")
     return data_dir
 
@@ -129,6 +129,10 @@ def pretrain(
 ) -> dict[str, Any]:  # fmt: skip
     """Train on the recipe's objective (MLM by default); with ``kind='extend-length'`` start from
     ``train.init_from`` at a longer length."""
+    if recipe.objective.kind == "lm":
+        if kind != "pretrain":
+            raise UserError(f"{kind} is for encoders; a language model ({recipe.model.arch}) is pretrained only")
+        return pretrain_lm(recipe, run_dir, quiet, stop_after, hooks)
     source = _extend_source(recipe) if kind == "extend-length" else None
     maybe_initialize_distributed()
     data_cfg = extend_data(recipe, source) if source else recipe.data
@@ -178,6 +182,67 @@ def pretrain(
         summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
     if jax.process_index() == 0:
         summary["fill_rate"] = meta.get("fill_rate")
+        atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def pretrain_lm(
+    recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None, hooks: list | None = None
+) -> dict[str, Any]:
+    """Pretrain a language model (Birdie's families) on the recipe's objective mixture. The corpus is kept as
+    documents; every step's rows are packed on the host from (seed, step, mixture) alone, so a resumed run
+    reads exactly the rows an uninterrupted one would, and each process builds only its own rows."""
+    from ssmlm.data.reserved import reserved_ids
+    from ssmlm.data.shards import TokenDocuments
+    from ssmlm.data.tokenizer import load_lm_tokenizer
+    from ssmlm.models import build_pretraining_model
+    from ssmlm.objectives.lm import LMObjective
+
+    maybe_initialize_distributed()
+    seq_len = recipe.seq_len
+    data_dir = _preprocessed(recipe.data, seq_len, quiet, layout="documents")
+    meta = read_metadata(data_dir)
+    recipe = resolve(recipe, "pretrain", vocab_size=meta["vocab_size"])
+    tok = load_lm_tokenizer(data_dir / "tokenizer.json")
+    train_docs, val_docs = TokenDocuments(data_dir, "train"), TokenDocuments(data_dir, "validation")
+    obj_cfg = recipe.objective
+    seed = obj_cfg.seed if obj_cfg.seed is not None else recipe.data.seed
+    process, processes = _process_shard()
+    local = recipe.train.batch_size // processes
+    objective = LMObjective(obj_cfg, reserved_ids(tok.token_to_id), train_docs, val_docs, seq_len, seed,
+                            batch_size=recipe.train.batch_size, min_space=obj_cfg.min_sample_space,
+                            rows=(process * local, (process + 1) * local))  # fmt: skip
+    model = build_pretraining_model(recipe.model, seed=recipe.train.seed)
+    check_layout(recipe)
+    n_val = recipe.train.eval_batches or 8  # rows are generated: "the whole split" has no meaning here
+    eval_data = (lambda: objective.eval_batches(n_val)) if len(val_docs) else None
+
+    with removed_on_failure(run_dir):
+        if jax.process_index() == 0:
+            prepare_run_dir(run_dir, recipe, {"kind": "pretrain", "data_dir": str(data_dir), "source": None})
+            shutil.copyfile(data_dir / "tokenizer.json", run_dir / "tokenizer.json")
+        barrier("run-dir")
+        stage = loop.Stage(
+            kind="pretrain",
+            model=model,
+            loss_fn=objective.loss,
+            batches=objective.train_batch,
+            total_steps=recipe.train.steps,
+            tokens_per_step=recipe.train.batch_size * seq_len,
+            eval_fn=objective.eval,
+            eval_data=eval_data,
+            score=objective.score,
+            meta={
+                "data_dir": str(data_dir),
+                "data_fingerprint": meta["fingerprint"],
+                "objective": f"lm/{objective.mixture}",
+                "tokenizer_sha256": sha256(run_dir / "tokenizer.json"),
+            },
+            hooks=list(hooks or []),
+            predictions_per_row=None,  # the LM head is a dense layer at every position: counted with the rest
+        )
+        summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
+    if jax.process_index() == 0:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
