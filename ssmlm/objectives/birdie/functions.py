@@ -92,8 +92,8 @@ def _span_walk(src, n, space, rng, ids, rate, mean, autoencode):
     """One pass of v1's span-corruption walk (span.cpp). Returns (runs, spans, t): ``runs`` = corrupted input
     as a list of chunks, each "unmasked text + its following sentinel" (the last may lack a sentinel),
     ``spans`` = [(start, end, sentinel)], t = tokens consumed. Stops before the cost would exceed ``space``:
-    infilling costs 1 per kept token and ℓ+2 per span; autoencoding 2 per kept token and ℓ+2 per span
-    (its extra dropped token included; the target is the whole taken text)."""
+    infilling costs 1 per kept token and ℓ+2 per span (sentinel, span, sentinel); autoencoding 2 per kept
+    token and ℓ+2 per span (sentinel, then span and the dropped token in the target, the whole taken text)."""
     lengths = np.maximum(1, np.floor(rng.normal(mean, 1.0, n))).astype(np.int64)
     draws = rng.random(n)
     sent = rng.integers(0, len(ids.sentinels), n)
@@ -106,7 +106,7 @@ def _span_walk(src, n, space, rng, ids, rate, mean, autoencode):
         if corrupt:
             ell = min(ell, n - t)
             drop = 1 if autoencode and t + ell < n else 0
-            extra = ell + 2 + drop
+            extra = 1 + ell + drop if autoencode else ell + 2  # sentinel + target tokens
             if cost + extra > space:
                 break
             s = int(ids.sentinels[sent[i - 1]])
