@@ -103,6 +103,12 @@ def test_infilling_masked_fraction(rate):
     assert abs(masked / (total - masked) - rate / (1 + rate / 3)) < 0.03
 
 
+def test_small_space_leaves_leftover():
+    for kind, params in [("infilling", {"rate": 0.5, "mean": 3.0}), ("autoencoding", {"rate": 0.5, "mean": 3.0})]:
+        s = F.sample(kind, kind, text(100), 12, rng(4), IDS, **params)
+        assert s.size <= 12 and s.used < 100
+
+
 def test_infilling_rejects_short_sources():
     assert F.infilling(text(50), 1000, rng(), IDS, rate=0.15, mean=8.0, min_len=53) is None
     assert F.infilling(text(60), 1000, rng(), IDS, rate=0.15, mean=8.0, min_len=53) is not None
@@ -395,3 +401,25 @@ def test_lm_objective_batches_and_loss():
     scores = obj.score([out], [b])
     assert np.isclose(scores["lm_loss"], np.log(vocab), atol=1e-4) and scores["target_tokens"] > 0
     assert set(scores) == {"lm_loss", "lm_accuracy", "perplexity", "target_tokens"}
+
+
+@pytest.mark.parametrize("paradigm,spacing", [("start", 0), ("end_half", 3), ("none", 1)])
+def test_rows_are_consistent(paradigm, spacing):
+    docs = _docs(50, 4)
+    configs, probs = mixture("birdie")
+    rows = make_batch_rows(docs, configs, probs, 768, range(30), IDS, paradigm, spacing)
+    for k in range(30):
+        tok, tgt, w, seg, typ = (rows[f][k] for f in ("tokens", "targets", "loss_weights", "segment_ids",
+                                                        "token_types"))  # fmt: skip
+        for s in range(1, seg.max() + 1):
+            idx = np.flatnonzero(seg == s)
+            assert (np.diff(idx) == 1).all()
+            t = typ[idx]
+            first3 = int(np.argmax(t == 3))
+            assert (t[:first3] == 1).all() and (t[first3:] == 3).all() and tok[idx[first3]] == IDS.start
+            # the target at each causal slot is the next slot's token (teacher forcing)
+            assert (tgt[idx[first3:-1]] == tok[idx[first3 + 1 :]]).all() and (w[idx[first3:]] == 1).all()
+            if paradigm == "start":
+                assert tok[idx[0]] in IDS.paradigms.values()
+            if spacing and s > 1:
+                assert (seg[idx[0] - spacing : idx[0]] == 0).all()

@@ -5,7 +5,8 @@ document if there is one (v2 semantics: a long document is sliced across consecu
 under different objectives), else a new start token chosen uniformly over the whole corpus (so a document
 is picked in proportion to its length, and the sample starts at that token); give the objective the row's
 remaining space. A None (nothing fits) drops any leftover and counts as a failure; after ``max_failures``
-failures, or once fewer than ``min_space`` slots remain, the row is packed and returned.
+consecutive failures, or once fewer than ``min_space`` slots remain, the row is packed and returned (every
+sample takes >= 1 slot, so a row always ends).
 
 ``docs``: anything with ``len(docs)`` and ``docs[i] -> int array`` (``ssmlm.data.shards.TokenDocuments``).
 Its cumulative lengths are computed once and cached (an object's ``lengths`` attribute, if present, is used).
@@ -63,6 +64,7 @@ def make_row(docs, configs, probs, length: int, key: int, ids: F.Ids, paradigm: 
             failures += 1
             leftover = None
             continue
+        failures = 0
         samples.append(s)
         chosen.append(c)
         leftover = src[s.used :]
