@@ -6,7 +6,8 @@ The built-in corpus (Python's own documentation, ``ssmlm.data.sources.builtin_co
 with a word-level id mapping (words and punctuation, ids by first appearance; not timed) and concatenated
 into one token stream. Each objective then makes N samples (``functions.sample`` with the paradigm token),
 each from a random offset of the stream with the whole row (L slots) as its space; we count errors
-(exceptions, oversize samples), Nones (no valid sample) and stalls (a single sample slower than 1 s).
+(exceptions, oversize samples), Nones (no valid sample) and stalls (a single sample slower than 1 s);
+slots/s = filled row slots (prefix + target) per second.
 Finally whole rows of the "birdie" mixture (``pipeline.make_row``, real documents, length-weighted) are
 timed. The official pipeline's figure to beat is 60-125 samples/s.
 """
@@ -62,7 +63,7 @@ def main():
     L = args.length
     print(f"corpus: {len(docs)} documents, {len(stream):,} tokens, word vocabulary {vocab:,}; L = {L}, "
           f"{args.samples:,} samples per objective, 1 core\n")  # fmt: skip
-    header = f"{'objective':<18} {'params':<34} {'samples/s':>10} {'tok/s':>11} {'fill':>5} {'none':>6} " \
+    header = f"{'objective':<18} {'params':<34} {'samples/s':>10} {'slots/s':>11} {'fill':>5} {'none':>6} " \
              f"{'err':>4} {'stall':>5} {'x60':>6} {'x125':>6}"  # fmt: skip
     print(header)
     print("-" * len(header))
