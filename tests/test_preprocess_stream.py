@@ -211,6 +211,7 @@ def test_documents_layout_round_trip(tmp_path, vocab):
         assert len(docs) == len(expected[split]) == meta["splits"][split]["documents"]
         got = sorted(docs[i].tolist() for i in range(len(docs)))
         assert got == sorted(expected[split]) and docs[0].dtype == np.int32
+        assert docs.lengths.tolist() == [len(docs[i]) for i in range(len(docs))]
     with pytest.raises(Exception, match="layout"):
         TokenRows(out, "train")
 

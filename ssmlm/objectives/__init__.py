@@ -7,6 +7,9 @@ the batches an uninterrupted one would.
     losses.py      cross-entropy and token-prediction loss / eval / score
     mlm.py         masked LM, static (offline-style copies) or dynamic masking
     next_token.py  next-token prediction (a plumbing check for non-MLM objectives)
+    birdie/        Birdie's LM objectives, config grid and mixtures, START-layout packing, keyed rows
+    lm.py          LMObjective: packed Birdie rows from a document split (not yet in OBJECTIVES: it
+                   takes documents, not rows)
     tasks.py       finetuning heads: classification, regression, spans, multiple choice
 
 May import: ssmlm.errors, ssmlm.models, ssmlm.data, ssmlm.evaluate.metrics (scorers). Never train/analyze/cli.

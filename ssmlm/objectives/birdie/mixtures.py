@@ -1,0 +1,145 @@
+"""Objective configurations and named mixtures (birdie_official.md §1.9–§1.12).
+
+A ``Config`` is one action dimension of Birdie's controller: an objective class (one of
+``reserved.CLASSES``, which picks the paradigm token and groups configs for class-balanced rewards), the
+objective function ``kind`` (a key of ``functions.OBJECTIVES``) and its keyword parameters. A mixture is
+(configs, probabilities).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+
+from ssmlm.data.reserved import CLASSES
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    cls: str
+    kind: str
+    params: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.cls not in CLASSES:
+            raise ValueError(f"objective class {self.cls!r}: expected one of {CLASSES}")
+
+    @property
+    def name(self) -> str:
+        args = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.kind}({args})" if args else self.kind
+
+    def __hash__(self):
+        return hash(self.name)
+
+
+def _buckets(*pairs):
+    return [(a, b) for a, b in pairs]
+
+
+def _span_grid(cls, kind, rates, means, buckets, extra=({},), keep=lambda rate, mean, bucket: True):
+    """v1's infilling/autoencoding post-process: min length := m* = ⌊μ/(2c)⌋; drop the config if
+    max < m* or max − m* < (max − min)/4."""
+    out = []
+    for rate, mean, (lo, hi), more in itertools.product(rates, means, buckets, extra):
+        if not keep(rate, mean, (lo, hi)):
+            continue
+        m = math.floor(mean / (2 * rate))
+        if hi < m or hi - m < (hi - lo) / 4:
+            continue
+        out.append(Config(cls, kind, {"rate": rate, "mean": float(mean), "min_len": m, "max_len": hi, **more}))
+    return out
+
+
+def birdie_grid() -> list[Config]:
+    """The 104 configurations of v1's Birdie grid (§1.9): 26 infilling, 54 autoencoding (27 plain + 27 with
+    deshuffling), 2 copying, 4 deshuffling (p ∈ {0.5, 1.0} as the paper intends; v1 never wired p, so all its
+    four were 1.0), 1 next token, 1 prefix LM, 16 selective copying. Length buckets become ``max_len``
+    (truncation); infilling/autoencoding also reject sources shorter than m*."""
+    rates, means = (0.05, 0.15, 0.5), (3, 8, 32)
+    grid = _span_grid("infilling", "infilling", rates, means,
+                      _buckets((128, 256), (256, 512), (512, 1024), (1024, 2048)),
+                      keep=lambda rate, mean, b: mean != 3 or b == (128, 256))  # fmt: skip
+    grid += _span_grid("autoencoding", "autoencoding", rates, means, _buckets((192, 384), (384, 768), (768, 1536)),
+                       extra=({"shuffle": False}, {"shuffle": True}))  # fmt: skip
+    grid += [Config("copying", "copying", {"max_len": hi}) for hi in (256, 1024)]
+    grid += [Config("deshuffling", "deshuffling", {"max_len": hi, "p": p}) for hi in (256, 1024) for p in (0.5, 1.0)]
+    grid += [Config("next_token", "next_token"), Config("prefix_lm", "prefix_lm")]
+    grid += [
+        Config("selective_copying", "selective_copying", {"max_len": hi, "k": k, "form": form})
+        for hi in (768, 1536)
+        for k in (1, 2, 3, 4)
+        for form in ("query_context", "context_query")
+    ]
+    return grid
+
+
+def initial_action(configs: list[Config]) -> np.ndarray:
+    """v1's initial action / reward scaling: 1/(number of classes present) per class, split uniformly
+    within the class (each infilling config of the grid gets 1/(7·26))."""
+    classes = [c.cls for c in configs]
+    present = sorted(set(classes))
+    per_class = {k: classes.count(k) for k in present}
+    return np.array([1.0 / (len(present) * per_class[k]) for k in classes])
+
+
+def _ul2() -> tuple[list[Config], np.ndarray]:
+    """v1 configs/ul2.py (§1.10): the paper's UL2 baseline; infilling min length ⌊μ/c⌋; weights / 20."""
+    spans = [(0.15, 3, 4), (0.15, 8, 4), (0.5, 3, 2), (0.5, 8, 2), (0.15, 64, 2), (0.5, 64, 2)]
+    configs = [Config("infilling", "infilling", {"rate": c, "mean": float(m), "min_len": math.floor(m / c)})
+               for c, m, _ in spans]  # fmt: skip
+    configs.append(Config("prefix_lm", "prefix_lm"))  # prefix frac 0.75: split uniform in [0.5L, L]
+    weights = np.array([w for *_, w in spans] + [4], float)
+    return configs, weights / weights.sum()
+
+
+def _ul2_decoder() -> tuple[list[Config], np.ndarray]:
+    """UL2 for decoders (Garcia et al. 2023; v2 example ul2_decoder_config): NTP 0.6, PLM 0.2,
+    infilling (0.15, 3) 0.1, infilling (0.5, 32) 0.1."""
+    configs = [
+        Config("next_token", "next_token"),
+        Config("prefix_lm", "prefix_lm"),
+        Config("infilling", "infilling", {"rate": 0.15, "mean": 3.0}),
+        Config("infilling", "infilling", {"rate": 0.5, "mean": 32.0}),
+    ]
+    return configs, np.array([0.6, 0.2, 0.1, 0.1])
+
+
+def _birdie() -> tuple[list[Config], np.ndarray]:
+    """The Birdie grid with its initial action; a controller (a later issue) moves the probabilities."""
+    grid = birdie_grid()
+    return grid, initial_action(grid)
+
+
+def _birdie_fixed() -> tuple[list[Config], np.ndarray]:
+    """Stand-in for the paper's Fixed Ratio Mixture ("BFR"). ASSUMPTION: the paper's hand-tuned ratios were
+    never published (§1.12), so this is the Birdie grid with its initial action (uniform over the 7 classes,
+    uniform within each) frozen."""
+    return _birdie()
+
+
+def _clm() -> tuple[list[Config], np.ndarray]:
+    """Next-token prediction only."""
+    return [Config("next_token", "next_token")], np.array([1.0])
+
+
+MIXTURES = {
+    "clm": _clm,
+    "ul2": _ul2,
+    "ul2_decoder": _ul2_decoder,
+    "birdie_fixed": _birdie_fixed,
+    "birdie": _birdie,
+}
+# mixtures whose probabilities a controller may replace (train_batch's ``state``)
+DYNAMIC = {"birdie"}
+
+
+def mixture(name: str) -> tuple[list[Config], np.ndarray]:
+    """(configs, probabilities) of a named mixture (a fresh copy)."""
+    if name not in MIXTURES:
+        raise ValueError(f"mixture {name!r}: expected one of {sorted(MIXTURES)}")
+    configs, probs = MIXTURES[name]()
+    return configs, np.asarray(probs, float) / np.sum(probs)
