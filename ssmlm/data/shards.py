@@ -118,11 +118,6 @@ class TokenDocuments:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    @property
-    def lengths(self) -> np.ndarray:
-        """(len,) int64 tokens per document, from the shards' offsets alone."""
-        return np.concatenate([np.diff(self._shard(i)[1]) for i in range(len(self._files))] or [np.zeros(0, np.int64)])
-
     def _shard(self, i: int):
         if i not in self._maps:
             base = str(self._files[i])

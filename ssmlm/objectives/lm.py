@@ -40,7 +40,8 @@ class LMObjective:
 
     def __init__(self, cfg, reserved: dict[str, int], docs_train, docs_val, seq_len: int, seed: int,
                  mixture: str | None = None, paradigm: str | None = None, spacing: int | None = None,
-                 batch_size: int | None = None, min_space: int | None = None):  # fmt: skip
+                 batch_size: int | None = None, min_space: int | None = None,
+                 rows: tuple[int, int] | None = None):  # fmt: skip
         def pick(value, field, default):
             return value if value is not None else getattr(cfg, field, None) or default
 
@@ -53,6 +54,8 @@ class LMObjective:
         self.batch_size = int(pick(batch_size, "batch_size", 8))
         self.min_space = int(pick(min_space, "min_space", 32))
         self.configs, self.probs = named_mixture(self.mixture)
+        # which rows of every global batch this process builds (multi-host: each process its own share)
+        self.rows = np.arange(*(rows or (0, self.batch_size)))
 
     # -- rows and batches
     def _rows(self, docs, keys, probs) -> dict:
@@ -65,7 +68,7 @@ class LMObjective:
         probs = self.probs if state is None else np.asarray(state, float)
         if probs.shape != self.probs.shape:
             raise ValueError(f"state: {probs.shape} probabilities for {len(self.configs)} configurations")
-        keys = row_keys(self.seed, _TRAIN, step, np.arange(self.batch_size))
+        keys = row_keys(self.seed, _TRAIN, step, self.rows)
         return self._rows(self.docs_train, keys, probs)
 
     def train_batch(self, step: int, state=None) -> Batch:
