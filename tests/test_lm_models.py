@@ -12,6 +12,7 @@ from flax import nnx
 from ssmlm.models import build_lm, count_params
 from ssmlm.models import lm as lm_family
 from ssmlm.models.config import ModelConfig
+from ssmlm.models.flops import param_counts
 from ssmlm.models.hawk import A_RANGE, init_lambda, sqrt_bound_derivative
 from ssmlm.models.lm_context import make_context
 from ssmlm.models.rules import first_match, path_name
@@ -148,7 +149,7 @@ def test_prefill_then_step_equals_full_forward(arch, bidirectional):
 
 def dependence(m, tokens, seg, types, pos):
     """(L, L) bool: [t, s] = the logits at t depend on the input at s."""
-    e0 = m.embed(tokens)[0]
+    e0 = m.embeddings(tokens)[0]
     jac = jax.jacrev(lambda e: m(tokens, seg, types, pos, embedded=e[None])[0])(e0)  # (L, V, L, d)
     return np.asarray(jnp.abs(jac).sum((1, 3)) > 0)
 
@@ -213,7 +214,9 @@ def test_gated_ssm_layer_parameter_count():
 def test_param_count_formula(arch, tie):
     cfg = tiny(arch, state_size=24, num_layers=3, tie_embeddings=tie)
     abstract = nnx.eval_shape(lambda: build_lm(cfg))
-    assert count_params(abstract) == lm_family.param_count_formula(cfg)["total"]
+    formula = lm_family.param_count_formula(cfg)
+    assert count_params(abstract) == formula["total"]
+    assert param_counts(abstract)["embeddings"] == formula["embeddings"]  # what the FLOP count leaves out
 
 
 def decays(arch):
@@ -227,7 +230,7 @@ def test_param_rules_no_decay():
     ssm = decays("gated_ssm")
     assert not ssm["blocks/0/w_f/kernel"] and not ssm["blocks/1/w_f/bias"]
     assert not ssm["blocks/0/w_i/bias"] and not ssm["blocks/0/norm/scale"] and not ssm["final_norm/scale"]
-    assert ssm["blocks/0/w_i/kernel"] and ssm["blocks/0/w_out/kernel"] and ssm["embed/embedding"]
+    assert ssm["blocks/0/w_i/kernel"] and ssm["blocks/0/w_out/kernel"] and ssm["embeddings/embedding"]
     plus = decays("gated_ssm_plus")
     assert not plus["blocks/0/ssm/w_f/kernel"] and not plus["blocks/0/conv/bias"] and plus["blocks/0/conv/kernel"]
     hawk = decays("hawk")
@@ -255,3 +258,19 @@ def test_odd_state_refused_in_bidirectional_layer():
     with pytest.raises(ValueError, match="odd"):
         build_lm(tiny("gated_ssm", state_size=15))
     assert count_params(build_lm(tiny("gated_ssm", "none", state_size=15)))
+
+
+def test_remat_and_tied_head_compute_the_same_function():
+    tokens, seg, types, pos = packed([SAMPLE_A, SAMPLE_B], 12)
+    plain = build_lm(tiny("hawk", tie_embeddings=True))
+    remat = build_lm(tiny("hawk", tie_embeddings=True, remat=True))
+    np.testing.assert_allclose(remat(tokens, seg, types, pos), plain(tokens, seg, types, pos), atol=1e-6)
+    assert plain.head is None
+
+    def loss(m):
+        return m(tokens, seg, types, pos).mean()
+
+    g_plain, g_remat = nnx.grad(loss)(plain), nnx.grad(loss)(remat)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+        assert np.isfinite(np.asarray(a)).all()

@@ -147,7 +147,7 @@ class LanguageModel(nnx.Module):
             raise ValueError("model.vocab_size is not set (take it from the tokenizer)")
         self.cfg = cfg
         d = cfg.hidden_size
-        self.embed = nnx.Embed(
+        self.embeddings = nnx.Embed(
             cfg.vocab_size,
             d,
             embedding_init=nnx.initializers.normal(cfg.initializer_range),
@@ -156,22 +156,20 @@ class LanguageModel(nnx.Module):
             rngs=rngs,
         )
         cls = block_class(cfg.arch)
-        self.blocks = nnx.List(
-            [cls(cfg, layer_is_bidirectional(cfg, i), rngs=rngs) for i in range(cfg.num_layers)]
-        )
+        self.blocks = nnx.List([cls(cfg, layer_is_bidirectional(cfg, i), rngs=rngs) for i in range(cfg.num_layers)])
         self.final_norm = rms_norm(cfg, d, rngs)
         self.head = None if cfg.tie_embeddings else linear(cfg, d, cfg.vocab_size, rngs, bias=False)
 
     def logits(self, h):
         h = self.final_norm(h)
-        out = self.embed.attend(h) if self.head is None else self.head(h)
+        out = self.embeddings.attend(h) if self.head is None else self.head(h)
         return out.astype(jnp.float32)
 
     def __call__(self, tokens, segment_ids=None, token_types=None, positions=None, rng=None, *, embedded=None):
         """Logits (B, L, V) float32 of a packed batch. ``embedded`` (B, L, d) replaces the token embeddings
         (for gradients with respect to the inputs)."""
         ctx = make_context(tokens, segment_ids, token_types, positions)
-        h = self.embed(tokens) if embedded is None else embedded.astype(DTYPES[self.cfg.compute_dtype])
+        h = self.embeddings(tokens) if embedded is None else embedded.astype(DTYPES[self.cfg.compute_dtype])
         h = dropout(h, self.cfg.dropout, fold(rng, 0))
         run = lambda graphdef, state, h, ctx: nnx.merge(graphdef, state)(h, ctx)  # noqa: E731
         if self.cfg.remat:
@@ -190,7 +188,7 @@ class LanguageModel(nnx.Module):
         """A prompt (B, L) (one sample per row, no padding; token_types 1 on its prefix, 3 after) -> its logits
         (B, L, V) and the cache after it."""
         ctx: Context = make_context(tokens, token_types=token_types)
-        h = self.embed(tokens)
+        h = self.embeddings(tokens)
         layers = []
         for block, c in zip(self.blocks, cache["layers"], strict=True):
             h, c = block.prefill(h, ctx, c)
@@ -200,7 +198,7 @@ class LanguageModel(nnx.Module):
 
     def step(self, tokens, cache: dict) -> tuple[jax.Array, dict]:
         """One causal token per row (B,) -> its logits (B, V) and the advanced cache."""
-        h = self.embed(tokens)
+        h = self.embeddings(tokens)
         pos = cache["pos"]
         layers = []
         for block, c in zip(self.blocks, cache["layers"], strict=True):
