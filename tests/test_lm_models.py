@@ -274,3 +274,9 @@ def test_remat_and_tied_head_compute_the_same_function():
     for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
         assert np.isfinite(np.asarray(a)).all()
+
+
+def test_sqrt_bound_derivative_vectorised_and_other_caps():
+    x = jnp.array([0.0, 1e-12, 0.25, 1.0])
+    g = jax.grad(lambda x: sqrt_bound_derivative(x, 10.0).sum())(x)
+    np.testing.assert_allclose(g, [10.0, 10.0, 1.0, 0.5], rtol=1e-6)

@@ -22,6 +22,8 @@ them out of weight decay (A.8: "no weight decay on RG-LRU parameters or biases")
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -36,7 +38,7 @@ MAX_GRADIENT = 1000.0
 A_RANGE = (0.9, 0.999)
 
 
-@jax.custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def sqrt_bound_derivative(x, max_gradient: float = MAX_GRADIENT):
     """√x whose derivative is capped at ``max_gradient``: √x′ = 1/(2√x) is infinite at x = 0, which a = 1 − tiny
     (a slow decay) reaches; the paper found Hawk untrainable without the cap, gradient clipping being too late."""
@@ -44,13 +46,12 @@ def sqrt_bound_derivative(x, max_gradient: float = MAX_GRADIENT):
 
 
 def _sqrt_fwd(x, max_gradient):
-    return jnp.sqrt(x), (x, max_gradient)
+    return jnp.sqrt(x), x
 
 
-def _sqrt_bwd(res, g):
-    x, max_gradient = res
+def _sqrt_bwd(max_gradient, x, g):
     floor = 1.0 / (4.0 * max_gradient**2)  # 1/(2√floor) = max_gradient
-    return g / (2.0 * jnp.sqrt(jnp.maximum(x, floor))), None
+    return (g / (2.0 * jnp.sqrt(jnp.maximum(x, floor))),)
 
 
 sqrt_bound_derivative.defvjp(_sqrt_fwd, _sqrt_bwd)

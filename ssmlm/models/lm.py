@@ -186,7 +186,7 @@ class LanguageModel(nnx.Module):
 
     def prefill(self, tokens, token_types, cache: dict) -> tuple[jax.Array, dict]:
         """A prompt (B, L) (one sample per row, no padding; token_types 1 on its prefix, 3 after) -> its logits
-        (B, L, V) and the cache after it."""
+        (B, L, V) and the cache after it. The prompt starts afresh: ``cache`` gives only shapes and dtypes."""
         ctx: Context = make_context(tokens, token_types=token_types)
         h = self.embeddings(tokens)
         layers = []
