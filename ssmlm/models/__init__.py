@@ -93,6 +93,15 @@ def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
     return MultipleChoice(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
+def build_lm(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
+    """A Birdie language model (ssmlm.models.lm.LanguageModel) for an LM arch."""
+    from flax import nnx
+
+    from ssmlm.models.lm import LanguageModel
+
+    return LanguageModel(cfg, rngs=nnx.Rngs(params=seed))
+
+
 def count_params(model: nnx.Module) -> int:
     """Parameters of a model (works on an abstract one from nnx.eval_shape: nothing is allocated)."""
     import jax

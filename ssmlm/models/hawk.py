@@ -1,0 +1,129 @@
+"""Hawk (De et al., Griffin paper) as trained in Birdie (2.1, A.16.2; birdie_official.md §4.3): a recurrent block
+built on the RG-LRU, then a gated MLP block.
+
+Recurrent block, with u = RMSNorm(x) and N the state width:
+
+    g   = GeLU(W_gate u)                                  side gate, d → N, no bias
+    ξ   = Conv1D(W_input u)                               d → N, no bias; causal depthwise conv, width 4
+    r_t = σ(W_a ξ_t)      i_t = σ(W_x ξ_t)                N → N, with bias (the paper: full Dense;
+                                                          Griffin: block-diagonal)
+    log a_t = −c · r_t · softplus(Λ)                      c = rg_lru_c = 8; a_t = exp(log a_t) = σ(−Λ)^(c·r_t)
+    β_t = sqrt_bound_derivative(1 − a_t², 1000)           √(1 − a²), gradient capped (A.16.2)
+    h_t = a_t ⊙ h_{t−1} + β_t ⊙ (i_t ⊙ ξ_t)               at a reset: a = 0, β = 1 (RecurrentGemma)
+    x_t ← x_t + W_output(g_t ⊙ h_t)                       N → d, no bias
+
+then x ← x + MLP(RMSNorm(x)) (ssmlm.models.lm.GatedMLP, expansion mlp_expansion = 8/3).
+
+The paper's listing computes a_t twice, once with a sign error; this is the consistent log-space reading,
+RecurrentGemma's. Λ is initialised so that a at r = 1, exp(−c·softplus(Λ)), is uniform in [0.9, 0.999].
+The RG-LRU's parameters live under ``rg_lru/`` (``a_param`` = Λ, ``w_a``, ``w_x``) so one parameter rule keeps
+them out of weight decay (A.8: "no weight decay on RG-LRU parameters or biases").
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ssmlm.models.config import LMConfig
+from ssmlm.models.layers import DTYPES, gelu
+from ssmlm.models.lm import CausalConv1D, GatedMLP, linear, rms_norm
+from ssmlm.models.lm_context import Context
+from ssmlm.models.scan import bidirectional_scan, bidirectional_step, channel_resets, halves, step_resets
+
+MAX_GRADIENT = 1000.0
+A_RANGE = (0.9, 0.999)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def sqrt_bound_derivative(x, max_gradient: float = MAX_GRADIENT):
+    """√x whose derivative is capped at ``max_gradient``: √x′ = 1/(2√x) is infinite at x = 0, which a = 1 − tiny
+    (a slow decay) reaches; the paper found Hawk untrainable without the cap, gradient clipping being too late."""
+    return jnp.sqrt(x)
+
+
+def _sqrt_fwd(x, max_gradient):
+    return jnp.sqrt(x), x
+
+
+def _sqrt_bwd(max_gradient, x, g):
+    floor = 1.0 / (4.0 * max_gradient**2)  # 1/(2√floor) = max_gradient
+    return (g / (2.0 * jnp.sqrt(jnp.maximum(x, floor))),)
+
+
+sqrt_bound_derivative.defvjp(_sqrt_fwd, _sqrt_bwd)
+
+
+def init_lambda(key, shape, dtype=jnp.float32, c: float = 8.0):
+    """Λ with exp(−c·softplus(Λ)) uniform in A_RANGE: softplus(Λ) = −log(a)/c, Λ = log(expm1(−log(a)/c))."""
+    a = jax.random.uniform(key, shape, jnp.float32, *A_RANGE)
+    y = -jnp.log(a) / c
+    return jnp.log(jnp.expm1(y)).astype(dtype)
+
+
+class RGLRU(nnx.Module):
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
+        n = cfg.state_size
+        self.c = cfg.rg_lru_c
+        self.w_a = linear(cfg, n, n, rngs)
+        self.w_x = linear(cfg, n, n, rngs)
+        self.a_param = nnx.Param(init_lambda(rngs.params(), (n,), DTYPES[cfg.param_dtype], cfg.rg_lru_c))
+
+    def coefficients(self, xi, reset):
+        """(a, β ⊙ i ⊙ ξ) in float32 for inputs ξ; ``reset`` (…, N) bool: a = 0, β = 1 there."""
+        r = jax.nn.sigmoid(self.w_a(xi).astype(jnp.float32))
+        i = jax.nn.sigmoid(self.w_x(xi).astype(jnp.float32))
+        log_a = -self.c * r * jax.nn.softplus(self.a_param[...].astype(jnp.float32))
+        a = jnp.exp(log_a)
+        beta = sqrt_bound_derivative(1.0 - jnp.exp(2.0 * log_a), MAX_GRADIENT)
+        beta = jnp.where(reset, 1.0, beta)
+        return jnp.where(reset, 0.0, a), beta * i * xi.astype(jnp.float32)
+
+
+class HawkBlock(nnx.Module):
+    def __init__(self, cfg: LMConfig, bidirectional: bool, *, rngs: nnx.Rngs):
+        d, n = cfg.hidden_size, cfg.state_size
+        halves(n, bidirectional)
+        self.bidirectional = bidirectional
+        self.state_size = n
+        self.compute_dtype = DTYPES[cfg.compute_dtype]
+        self.norm = rms_norm(cfg, d, rngs)
+        self.w_gate = linear(cfg, d, n, rngs, bias=False)
+        self.w_input = linear(cfg, d, n, rngs, bias=False)
+        self.conv = CausalConv1D(cfg, n, rngs=rngs)
+        self.rg_lru = RGLRU(cfg, rngs=rngs)
+        self.w_output = linear(cfg, n, d, rngs, bias=False)
+        self.mlp = GatedMLP(cfg, rngs=rngs)
+        self.act = gelu(cfg)
+
+    def mix(self, x, ctx: Context):
+        u = self.norm(x)
+        g = self.act(self.w_gate(u))
+        v = self.w_input(u)
+        xi = self.conv(v, ctx.segment_ids)
+        a, b = self.rg_lru.coefficients(xi, channel_resets(ctx, self.state_size, self.bidirectional))
+        h = bidirectional_scan(a, b, ctx, self.bidirectional)
+        return x + self.w_output(g * h.astype(g.dtype)), h, v
+
+    def __call__(self, x, ctx: Context):
+        return self.mlp(self.mix(x, ctx)[0])
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        conv = jnp.zeros((batch, self.conv.width - 1, self.state_size), self.compute_dtype)
+        return {"h": jnp.zeros((batch, self.state_size), jnp.float32), "conv": conv}
+
+    def prefill(self, x, ctx: Context, cache: dict):
+        y, h, v = self.mix(x, ctx)
+        return self.mlp(y), {"h": h[:, -1], "conv": self.conv.tail(v).astype(cache["conv"].dtype)}
+
+    def step(self, x, cache: dict, pos):
+        u = self.norm(x)
+        g = self.act(self.w_gate(u))
+        xi, tail = self.conv.step(self.w_input(u).astype(cache["conv"].dtype), cache["conv"])
+        a, b = self.rg_lru.coefficients(xi, step_resets(x.shape[0], self.state_size, self.bidirectional))
+        h = bidirectional_step(a, b, cache["h"], self.bidirectional)
+        y = x + self.w_output(g * h.astype(g.dtype))
+        return self.mlp(y), {"h": h, "conv": tail}

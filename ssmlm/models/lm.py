@@ -1,0 +1,260 @@
+"""The Birdie language models (birdie_official.md §4): one family module for gated_ssm, gated_ssm_plus, hawk
+and transformer_lm, which differ only in their block.
+
+    h_0 = Embed(tokens)                                  V × d, N(0, initializer_range²)
+    h_ℓ = Block_ℓ(h_{ℓ−1}, ctx)                          residual inside the block
+    logits = W_head RMSNorm(h_L)                         d → V, no bias (or tied: Embedᵀ)
+
+``ctx`` (ssmlm.models.lm_context) describes a packed row: samples, their bidirectional prefixes and the two
+reset masks the recurrences use. Layer ℓ processes the prefix bidirectionally per ``cfg.bidirectional``:
+alternate (ℓ = 0, 2, 4, …, the paper's Table 7), all, or none ("Birdie – Causal").
+
+Every block has the interface
+    Block(cfg, bidirectional, *, rngs)
+    block(x, ctx) -> x                    (B, L, d)
+    block.init_cache(batch, max_len)      a pytree of arrays (O(1) in max_len for recurrences)
+    block.prefill(x, ctx, cache)          a prompt, one sample per row, no padding -> (x, cache)
+    block.step(x, cache, pos)             one causal token (B, d) at positions pos (B,) -> (x, cache)
+and is found by name in BLOCKS, imported on use (so one block's module never needs another's).
+
+Blocks run in a Python loop: ``cfg.scan_layers`` is not used by the LMs yet (correctness first). Dropout is
+applied to the embeddings only. The tied head is Embedᵀ without v1's 1/√d logit scale.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ssmlm.models.config import LMConfig
+from ssmlm.models.layers import DTYPES, dropout, fold, gelu
+from ssmlm.models.lm_context import Context, make_context
+from ssmlm.models.rules import ParamRule, common_rules
+
+if TYPE_CHECKING:  # models never import the recipe module at run time
+    from ssmlm.recipe import TrainConfig
+
+BLOCKS = {
+    "gated_ssm": "ssmlm.models.gated_ssm:GatedSSMBlock",
+    "gated_ssm_plus": "ssmlm.models.gated_ssm:GatedSSMPlusBlock",
+    "hawk": "ssmlm.models.hawk:HawkBlock",
+    "transformer_lm": "ssmlm.models.transformer_lm:TransformerBlock",
+}
+
+
+def block_class(arch: str):
+    module, name = BLOCKS[arch].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def layer_is_bidirectional(cfg: LMConfig, layer: int) -> bool:
+    return cfg.bidirectional == "all" or (cfg.bidirectional == "alternate" and layer % 2 == 0)
+
+
+# ---- layers shared by the blocks ----
+
+
+def linear(cfg: LMConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+    """Dense layer, kernel N(0, initializer_range²), bias 0, computing in cfg.compute_dtype."""
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=bias,
+        kernel_init=nnx.initializers.normal(cfg.initializer_range),
+        bias_init=nnx.initializers.zeros,
+        dtype=DTYPES[cfg.compute_dtype],
+        param_dtype=DTYPES[cfg.param_dtype],
+        rngs=rngs,
+    )
+
+
+def rms_norm(cfg: LMConfig, dim: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    return nnx.RMSNorm(
+        dim, epsilon=cfg.norm_eps, dtype=DTYPES[cfg.compute_dtype], param_dtype=DTYPES[cfg.param_dtype], rngs=rngs
+    )
+
+
+def mlp_width(cfg: LMConfig) -> int:
+    return round(cfg.mlp_expansion * cfg.hidden_size)
+
+
+class GatedMLP(nnx.Module):
+    """Pre-norm gated MLP residual block: x + W_down(GeLU(W_gate u) ⊙ W_up u), u = RMSNorm(x), no biases.
+    The paper gives only the expansion (8/3) for Hawk; the gated form is Griffin's."""
+
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
+        d, m = cfg.hidden_size, mlp_width(cfg)
+        self.norm = rms_norm(cfg, d, rngs)
+        self.w_gate = linear(cfg, d, m, rngs, bias=False)
+        self.w_up = linear(cfg, d, m, rngs, bias=False)
+        self.w_down = linear(cfg, m, d, rngs, bias=False)
+        self.act = gelu(cfg)
+
+    def __call__(self, x):
+        u = self.norm(x)
+        return x + self.w_down(self.act(self.w_gate(u)) * self.w_up(u))
+
+
+class CausalConv1D(nnx.Module):
+    """Depthwise causal convolution y_t = b + Σ_k w_k ⊙ x_{t−k}, k < width, over (B, L, C).
+
+    A tap whose source position belongs to another sample (different segment id) or lies before the row
+    contributes 0, so a packed sample never sees its neighbour's tail. The paper instead leaves width−1 pad
+    tokens between samples (A.11, notes §3.5); that is a data option and gives the same values."""
+
+    def __init__(self, cfg: LMConfig, channels: int, *, rngs: nnx.Rngs):
+        self.width = cfg.conv_width
+        init = nnx.initializers.normal(cfg.initializer_range)
+        self.kernel = nnx.Param(init(rngs.params(), (self.width, channels), DTYPES[cfg.param_dtype]))
+        self.bias = nnx.Param(jnp.zeros((channels,), DTYPES[cfg.param_dtype]))
+
+    def __call__(self, x, segment_ids):
+        w = self.kernel[...].astype(x.dtype)
+        y = jnp.broadcast_to(self.bias[...].astype(x.dtype), x.shape)
+        for k in range(self.width):
+            src = jnp.pad(x, ((0, 0), (k, 0), (0, 0)))[:, : x.shape[1]]
+            src_seg = jnp.pad(segment_ids, ((0, 0), (k, 0)), constant_values=-1)[:, : x.shape[1]]
+            same = (src_seg == segment_ids)[..., None]
+            y = y + jnp.where(same, src, 0) * w[k]
+        return y
+
+    def tail(self, x):
+        """(B, width−1, C): the last width−1 inputs of a prompt (zeros before its start), the decoding cache."""
+        keep = self.width - 1
+        if keep == 0:
+            return x[:, :0]
+        x = jnp.pad(x, ((0, 0), (max(0, keep - x.shape[1]), 0), (0, 0)))
+        return x[:, x.shape[1] - keep :]
+
+    def step(self, x, tail):
+        """One new input (B, C) after ``tail`` (B, width−1, C) of the same sample -> (y (B, C), new tail)."""
+        window = jnp.concatenate([tail, x[:, None]], axis=1)  # oldest first: window[-1-k] is x_{t−k}
+        w = self.kernel[...].astype(x.dtype)
+        y = self.bias[...].astype(x.dtype) + sum(window[:, -1 - k] * w[k] for k in range(self.width))
+        return y, window[:, 1:]
+
+
+# ---- the model ----
+
+
+class LanguageModel(nnx.Module):
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
+        if not cfg.vocab_size:
+            raise ValueError("model.vocab_size is not set (take it from the tokenizer)")
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.embeddings = nnx.Embed(
+            cfg.vocab_size,
+            d,
+            embedding_init=nnx.initializers.normal(cfg.initializer_range),
+            dtype=DTYPES[cfg.compute_dtype],
+            param_dtype=DTYPES[cfg.param_dtype],
+            rngs=rngs,
+        )
+        cls = block_class(cfg.arch)
+        self.blocks = nnx.List([cls(cfg, layer_is_bidirectional(cfg, i), rngs=rngs) for i in range(cfg.num_layers)])
+        self.final_norm = rms_norm(cfg, d, rngs)
+        self.head = None if cfg.tie_embeddings else linear(cfg, d, cfg.vocab_size, rngs, bias=False)
+
+    def logits(self, h):
+        h = self.final_norm(h)
+        out = self.embeddings.attend(h) if self.head is None else self.head(h)
+        return out.astype(jnp.float32)
+
+    def __call__(self, tokens, segment_ids=None, token_types=None, positions=None, rng=None, *, embedded=None):
+        """Logits (B, L, V) float32 of a packed batch. ``embedded`` (B, L, d) replaces the token embeddings
+        (for gradients with respect to the inputs)."""
+        ctx = make_context(tokens, segment_ids, token_types, positions)
+        h = self.embeddings(tokens) if embedded is None else embedded.astype(DTYPES[self.cfg.compute_dtype])
+        h = dropout(h, self.cfg.dropout, fold(rng, 0))
+        run = lambda graphdef, state, h, ctx: nnx.merge(graphdef, state)(h, ctx)  # noqa: E731
+        if self.cfg.remat:
+            run = jax.checkpoint(run, static_argnums=(0,))
+        for block in self.blocks:
+            h = run(*nnx.split(block), h, ctx)
+        return self.logits(h)
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        return {
+            "pos": jnp.zeros((batch,), jnp.int32),
+            "layers": [block.init_cache(batch, max_len) for block in self.blocks],
+        }
+
+    def prefill(self, tokens, token_types, cache: dict) -> tuple[jax.Array, dict]:
+        """A prompt (B, L) (one sample per row, no padding; token_types 1 on its prefix, 3 after) -> its logits
+        (B, L, V) and the cache after it. The prompt starts afresh: ``cache`` gives only shapes and dtypes."""
+        ctx: Context = make_context(tokens, token_types=token_types)
+        h = self.embeddings(tokens)
+        layers = []
+        for block, c in zip(self.blocks, cache["layers"], strict=True):
+            h, c = block.prefill(h, ctx, c)
+            layers.append(c)
+        pos = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
+        return self.logits(h), {"pos": pos, "layers": layers}
+
+    def step(self, tokens, cache: dict) -> tuple[jax.Array, dict]:
+        """One causal token per row (B,) -> its logits (B, V) and the advanced cache."""
+        h = self.embeddings(tokens)
+        pos = cache["pos"]
+        layers = []
+        for block, c in zip(self.blocks, cache["layers"], strict=True):
+            h, c = block.step(h, c, pos)
+            layers.append(c)
+        return self.logits(h), {"pos": pos + 1, "layers": layers}
+
+
+# ---- what ssmlm.models.config expects of a family module ----
+
+Config = LMConfig
+ENCODERS = {arch: LanguageModel for arch in BLOCKS}
+
+
+def mixing_flops(cfg: LMConfig, seq_len: int) -> float:
+    """Training FLOPs per token beyond 6 per dense parameter (ssmlm.models.flops), roughly: attention's scores
+    and mixing, 12·L·d per layer (forward + backward); a recurrence's elementwise gates and scan, ≈10 per state
+    element per layer (a few multiply-adds forward, twice that backward)."""
+    if cfg.arch == "transformer_lm":
+        return 12.0 * seq_len * cfg.hidden_size * cfg.num_layers
+    return 10.0 * cfg.state_size * cfg.num_layers
+
+
+# no decay on the recurrence's decay parameters: the SSMs' W_f (paper A.8) and Hawk's RG-LRU (Λ, W_a, W_x)
+RECURRENCE_NO_DECAY = {
+    "gated_ssm": r"(^|/)w_f/(kernel|bias)$",
+    "gated_ssm_plus": r"(^|/)w_f/(kernel|bias)$",
+    "hawk": r"(^|/)rg_lru/",
+}
+
+
+def param_rules(cfg: LMConfig, train: TrainConfig) -> list[ParamRule]:
+    """Optimizer rules (ssmlm.models.rules): the recurrence's gate/decay parameters undecayed, then no decay on
+    biases and norm scales, then everything else."""
+    own = [ParamRule(RECURRENCE_NO_DECAY[cfg.arch], weight_decay=False, name="recurrence")]
+    return (own if cfg.arch in RECURRENCE_NO_DECAY else []) + common_rules()
+
+
+def param_count_formula(cfg: LMConfig) -> dict[str, int]:
+    """Closed-form parameter counts of the recurrent archs (the Transformer's block is counted by its module)."""
+    d, n, v, w, m = cfg.hidden_size, cfg.state_size, cfg.vocab_size, cfg.conv_width, mlp_width(cfg)
+    mlp = d + 3 * d * m  # norm scale, W_gate, W_up, W_down
+    if cfg.arch == "gated_ssm":  # norm, W_i W_z W_o W_f (d→N, bias), W_out (N→d, bias)
+        per_layer = d + 5 * d * n + 4 * n + d
+    elif cfg.arch == "gated_ssm_plus":  # the same, a conv (width·N + N), then the MLP block
+        per_layer = d + 5 * d * n + 4 * n + d + w * n + n + mlp
+    elif cfg.arch == "hawk":  # norm, W_gate W_input W_output (no bias), conv, W_a W_x (N→N, bias), Λ, MLP
+        per_layer = d + 3 * d * n + w * n + n + 2 * (n * n + n) + n + mlp
+    else:
+        raise NotImplementedError(f"no closed-form parameter count for {cfg.arch}")
+    embeddings = v * d
+    head = 0 if cfg.tie_embeddings else d * v
+    non_embedding = per_layer * cfg.num_layers + d  # + final norm
+    return {
+        "per_layer": per_layer,
+        "non_embedding": non_embedding,
+        "embeddings": embeddings,
+        "total": non_embedding + embeddings + head,
+    }
