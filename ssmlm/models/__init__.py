@@ -45,12 +45,7 @@ def is_lm(arch: str) -> bool:
 
 def build_pretraining_model(cfg: ModelConfig, seed: int = 0):
     """What pretraining trains: an encoder with its MLM head, or a language model."""
-    if is_lm(cfg.arch):
-        from ssmlm.models.lm import LanguageModel
-        from flax import nnx
-
-        return LanguageModel(cfg, rngs=nnx.Rngs(params=seed))
-    return build_mlm(cfg, seed)
+    return build_lm(cfg, seed) if is_lm(cfg.arch) else build_mlm(cfg, seed)
 
 
 def with_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:

@@ -52,6 +52,10 @@ def block_class(arch: str):
 
 
 def layer_is_bidirectional(cfg: LMConfig, layer: int) -> bool:
+    """The recurrences split their state in every other layer (paper Table 7); the Transformer is a prefix LM
+    in every layer (notes §4.5), unless ``bidirectional`` is none."""
+    if cfg.arch == "transformer_lm":
+        return cfg.bidirectional != "none"
     return cfg.bidirectional == "all" or (cfg.bidirectional == "alternate" and layer % 2 == 0)
 
 
@@ -233,8 +237,9 @@ RECURRENCE_NO_DECAY = {
 def param_rules(cfg: LMConfig, train: TrainConfig) -> list[ParamRule]:
     """Optimizer rules (ssmlm.models.rules): the recurrence's gate/decay parameters undecayed, then no decay on
     biases and norm scales, then everything else."""
-    own = [ParamRule(RECURRENCE_NO_DECAY[cfg.arch], weight_decay=False, name="recurrence")]
-    return (own if cfg.arch in RECURRENCE_NO_DECAY else []) + common_rules()
+    pattern = RECURRENCE_NO_DECAY.get(cfg.arch)
+    own = [ParamRule(pattern, weight_decay=False, name="recurrence")] if pattern else []
+    return own + common_rules()
 
 
 def param_count_formula(cfg: LMConfig) -> dict[str, int]:
