@@ -64,7 +64,7 @@ def a_batch(batch: int, length: int, seed: int = 0):
 def train_tokens_per_s(cfg: ModelConfig, batch: int, length: int, repeats: int) -> tuple[int, float]:
     model = build_pretraining_model(cfg)
     graphdef, params = nnx.split(model, nnx.Param)
-    opt = make_optimizer(TrainConfig(steps=100, learning_rate=1e-3), 100, params, model)
+    opt = make_optimizer(TrainConfig(steps=100, learning_rate=1e-3), 100, params, cfg)
     opt_state = opt.tx.init(params)
     step_fn = make_train_step(LMObjective.loss, opt.tx, graphdef, 0)
     b = jax.device_put(a_batch(batch, length))

@@ -162,16 +162,19 @@ RELATIONS: list[Relation] = [
         lambda r: (
             f"'lm' for the language model model.arch = '{r.model.arch}'"
             if r.model.arch in LM_ARCHS
-            else f"'mlm' or 'next_token' for the encoder model.arch = '{r.model.arch}' ('lm' needs one of {', '.join(LM_ARCHS)})"
+            else f"'mlm' or 'next_token' for the encoder model.arch = '{r.model.arch}' "
+            f"('lm' needs one of {', '.join(LM_ARCHS)})"
         ),
     ),
     Relation(
         ("data.tokenizer_type", "objective.kind"),
         lambda r: True,
         lambda r: (r.data.tokenizer_type == "byte_bpe") == (r.objective.kind == "lm"),
-        lambda r: "'byte_bpe' (a lossless tokenizer) for objective.kind = 'lm'"
-        if r.objective.kind == "lm"
-        else f"'wordpiece' for objective.kind = '{r.objective.kind}'",
+        lambda r: (
+            "'byte_bpe' (a lossless tokenizer) for objective.kind = 'lm'"
+            if r.objective.kind == "lm"
+            else f"'wordpiece' for objective.kind = '{r.objective.kind}'"
+        ),
     ),
     Relation(
         ("data.lowercase", "data.tokenizer_type"),

@@ -114,7 +114,7 @@ def _print_plan(p: dict) -> None:
 
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     t = Table(title=f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
-    t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, ffn={p['intermediate_size']}")
+    t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, {p['width']}")
     t.add_row("sequence length / vocab", f"{p['seq_len']} / {p['vocab_size']:,}")
     t.add_row("parameters", f"{p['params_total']:,} ({p['params_total'] / 1e6:.1f}M)")
     t.add_row(
@@ -462,7 +462,10 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     mode: Annotated[
-        str, typer.Option("--mode", help="Prompt as the bidirectional prefix, or causal after START (auto: by the run's mixture).")
+        str,
+        typer.Option(
+            "--mode", help="prefix: the prompt is the bidirectional prefix; causal: after START; auto: by mixture."
+        ),
     ] = "auto",
     step: Annotated[int | None, typer.Option("--step", help="Checkpoint step (default: the latest).")] = None,
 ):

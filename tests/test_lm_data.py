@@ -85,9 +85,10 @@ def test_lm_recipe_rules():
 
 
 def test_every_lm_recipe_loads():
-    for name in ["clm_gated_ssm", "ul2_gated_ssm", "ul2_decoder_gated_ssm", "birdie_fixed_gated_ssm",
-                 "birdie_causal_gated_ssm", "birdie_gated_ssm", "clm_hawk", "birdie_hawk", "clm_transformer",
-                 "birdie_transformer", "birdie_gated_ssm_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4"]:  # fmt: skip
+    names = ["clm_gated_ssm", "ul2_gated_ssm", "ul2_decoder_gated_ssm", "birdie_fixed_gated_ssm", "birdie_hawk",
+             "birdie_causal_gated_ssm", "birdie_gated_ssm", "clm_hawk", "clm_transformer", "birdie_transformer",
+             "birdie_gated_ssm_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4"]  # fmt: skip
+    for name in names:
         r = load_recipe(name)
         assert r.objective.kind == "lm" and np.isfinite(r.train.learning_rate)
 

@@ -41,8 +41,12 @@ def lm_recipe(tmp_path: Path, corpus: Path, arch: str, mixture: str, bidirection
 
 @pytest.mark.parametrize(
     "arch,mixture,bidirectional",
-    [("gated_ssm", "birdie", "alternate"), ("hawk", "ul2", "alternate"), ("transformer_lm", "clm", "none"),
-     ("gated_ssm_plus", "birdie_fixed", "all")],  # fmt: skip
+    [
+        ("gated_ssm", "birdie", "alternate"),
+        ("hawk", "ul2", "alternate"),
+        ("transformer_lm", "clm", "none"),
+        ("gated_ssm_plus", "birdie_fixed", "all"),
+    ],  # fmt: skip
 )
 def test_pretrain_then_generate(tmp_path, corpus_file, arch, mixture, bidirectional):
     recipe = lm_recipe(tmp_path, corpus_file, arch, mixture, bidirectional)

@@ -23,6 +23,19 @@ def _vocab_size(recipe: Recipe) -> int:
     return load_tokenizer(recipe.data.tokenizer).get_vocab_size()
 
 
+def _width(cfg) -> str:
+    if not is_lm(cfg.arch):
+        return f"ffn={cfg.intermediate_size}"
+    mlp = f"mlp {cfg.mlp_expansion:.3g}x"
+    parts = {
+        "gated_ssm": [f"state={cfg.state_size}", "fused, no MLP"],
+        "gated_ssm_plus": [f"state={cfg.state_size}", f"conv {cfg.conv_width}", mlp],
+        "hawk": [f"state={cfg.state_size}", f"conv {cfg.conv_width}", mlp],
+        "transformer_lm": [f"{cfg.num_heads} heads", mlp, f"RoPE {cfg.rope_base:g}"],
+    }[cfg.arch]
+    return ", ".join([*parts, f"bidirectional={cfg.bidirectional}"])
+
+
 def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) -> dict:
     """What a run of ``recipe`` would build and cost. Nothing is allocated, read or written."""
     cfg = with_vocab(recipe.model, _vocab_size(recipe))
@@ -44,6 +57,8 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
         "layers": cfg.num_layers,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
+        # what the architecture line shows after d: the FFN width of an encoder, an LM's state / MLP / heads
+        "width": _width(cfg),
         "seq_len": seq_len,
         "vocab_size": cfg.vocab_size,
         "params_total": counts["total"],

@@ -216,6 +216,11 @@ def pretrain_lm(
     check_layout(recipe)
     n_val = recipe.train.eval_batches or 8  # rows are generated: "the whole split" has no meaning here
     eval_data = (lambda: objective.eval_batches(n_val)) if len(val_docs) else None
+    if eval_data is None and not quiet:
+        console.print(
+            f"[yellow]no validation: data.validation_fraction = {recipe.data.validation_fraction} of "
+            f"{meta['documents']} documents held none out (a corpus of few long files: split them, or raise it)"
+        )
 
     with removed_on_failure(run_dir):
         if jax.process_index() == 0:

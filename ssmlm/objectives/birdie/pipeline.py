@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ssmlm.objectives.birdie import functions as F
+import ssmlm.objectives.birdie.functions as F
 from ssmlm.objectives.birdie.packing import pack
 
 _CUMULATIVE: dict[int, tuple[object, np.ndarray]] = {}
