@@ -80,18 +80,18 @@ def train_tokens_per_s(cfg: ModelConfig, batch: int, length: int, repeats: int) 
 
 
 def decode(cfg: ModelConfig, n_tokens: int) -> tuple[float, int]:
-    from ssmlm.models.decode import _prefill, _step
+    from ssmlm.models.decode import Stepper
 
-    model = build_pretraining_model(cfg)
+    run = Stepper(build_pretraining_model(cfg))
     prompt = jnp.arange(1, 17, dtype=jnp.int32)[None]
-    cache = model.init_cache(1, 16 + n_tokens)
-    logits, cache = _prefill(model, prompt, jnp.full_like(prompt, 3), cache)
+    cache = run.init_cache(1, 16 + n_tokens)
+    logits, cache = run.prefill(prompt, jnp.full_like(prompt, 3), cache)
     tok = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
-    logits, cache = _step(model, tok, cache)  # compile
+    logits, cache = run.step(tok, cache)  # compile
     jax.block_until_ready(logits)
     t = time.perf_counter()
     for _ in range(n_tokens - 1):
-        logits, cache = _step(model, jnp.argmax(logits, -1).astype(jnp.int32), cache)
+        logits, cache = run.step(jnp.argmax(logits, -1).astype(jnp.int32), cache)
     jax.block_until_ready(logits)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(cache))
     return (n_tokens - 1) / (time.perf_counter() - t), state_bytes

@@ -57,6 +57,9 @@ def test_pretrain_then_generate(tmp_path, corpus_file, arch, mixture, bidirectio
     val = [r for r in rows if r.get("split") == "validation"]
     assert len(train) == 6 and all(np.isfinite(r["loss"]) for r in train)
     assert val and all(np.isfinite(r["lm_loss"]) for r in val)
+    ev = invoke("evaluate", "--ckpt", run)  # the same fixed validation rows as the last training evaluation
+    saved = json.loads(sorted((run / "eval").glob("*.json"))[-1].read_text())
+    assert saved["metrics"]["lm_loss"] == pytest.approx(val[-1]["lm_loss"], rel=1e-4), ev.output
     out = invoke("generate", "--ckpt", run, "--prompt", "The cat saw", "--max-tokens", 8)
     assert isinstance(out.output, str)
     sampled = invoke("generate", "--ckpt", run, "--prompt", "The cat", "--max-tokens", 8, "--temperature", 1.0,

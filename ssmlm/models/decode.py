@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -47,14 +48,30 @@ def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
     return int(rng.choice(len(p), p=p))
 
 
-@nnx.jit
-def _prefill(model, tokens, token_types, cache):
-    return model.prefill(tokens, token_types, cache)
+# Pure jitted functions of (graph definition, parameters): the model is split once per generation, not at
+# every token as nnx.jit would (its per-call graph traversal costs more than a small model's step).
+@partial(jax.jit, static_argnums=0)
+def _prefill(graphdef, state, tokens, token_types, cache):
+    return nnx.merge(graphdef, state).prefill(tokens, token_types, cache)
 
 
-@nnx.jit
-def _step(model, tokens, cache):
-    return model.step(tokens, cache)
+@partial(jax.jit, static_argnums=0, donate_argnums=3)
+def _step(graphdef, state, tokens, cache):
+    return nnx.merge(graphdef, state).step(tokens, cache)
+
+
+class Stepper:
+    """A model's prefill and recurrent step as compiled functions (split once)."""
+
+    def __init__(self, model):
+        self.graphdef, self.state = nnx.split(model)
+        self.init_cache = model.init_cache
+
+    def prefill(self, tokens, token_types, cache):
+        return _prefill(self.graphdef, self.state, tokens, token_types, cache)
+
+    def step(self, tokens, cache):
+        return _step(self.graphdef, self.state, tokens, cache)
 
 
 def generate_ids(
@@ -71,8 +88,9 @@ def generate_ids(
         raise ValueError("the causal part of a prompt starts with the START token; got none")
     tokens = np.asarray([*prefix, *causal], np.int32)[None]
     types = np.asarray([1] * len(prefix) + [3] * len(causal), np.int32)[None]
-    cache = model.init_cache(1, tokens.shape[1] + sampling.max_new_tokens)
-    logits, cache = _prefill(model, jnp.asarray(tokens), jnp.asarray(types), cache)
+    run = Stepper(model)
+    cache = run.init_cache(1, tokens.shape[1] + sampling.max_new_tokens)
+    logits, cache = run.prefill(jnp.asarray(tokens), jnp.asarray(types), cache)
     last = np.asarray(logits[0, -1])
     rng = np.random.default_rng(sampling.seed)
     out: list[int] = []
@@ -82,7 +100,7 @@ def generate_ids(
         out.append(choose(last, sampling, rng))
         if stop is not None and stop(out):
             break
-        logits, cache = _step(model, jnp.asarray([out[-1]], jnp.int32), cache)
+        logits, cache = run.step(jnp.asarray([out[-1]], jnp.int32), cache)
         last = np.asarray(logits[0])
     return out
 

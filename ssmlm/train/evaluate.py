@@ -16,7 +16,7 @@ from ssmlm.objectives.tasks import HEADS, predictions, prepare
 from ssmlm.progress import progress_bar
 from ssmlm.runs import Run
 from ssmlm.train import loop
-from ssmlm.train.stages import task_eval_data, token_eval_data
+from ssmlm.train.stages import lm_eval_data, lm_objective, task_eval_data, token_eval_data
 
 
 def evaluate(
@@ -62,19 +62,27 @@ def evaluate(
             )
         data_dir = Path(run.info["data_dir"])
         meta = read_metadata(data_dir)
-        if meta.get("format_version", 0) < FORMAT_VERSION:
+        if run.recipe.objective.kind == "lm":  # the fixed validation rows the training evaluations used
+            objective = lm_objective(run.recipe, data_dir)
+            ev = lm_eval_data(run.recipe, objective)
+            if ev is None:
+                raise UserError(f"{data_dir}: has no validation documents to evaluate on")
+            stage = loop.Stage("evaluate", model, None, None, 0, 0, objective.eval, ev, objective.score)
+            result["task"] = f"lm-{objective.mixture}"
+        elif meta.get("format_version", 0) < FORMAT_VERSION:
             # written by an older ssmlm (masked copies, no token shards): tokenise the run's corpus again with
             # the run's own tokenizer, so the ids mean what they meant (cached like any preprocessing)
             data = dataclasses.replace(run.recipe.data, tokenizer=str(run.dir / "tokenizer.json"))
             data_dir = preprocess(data, meta["max_seq_length"])
             meta = read_metadata(data_dir)
-        objective = objectives.build(run.recipe.objective, meta["special_ids"], meta["vocab_size"],
-                                     meta["max_seq_length"], run.recipe.data.seed)  # fmt: skip
-        ev = token_eval_data(data_dir, objective, batch_size, None)
-        if ev is None:
-            raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
-        stage = loop.Stage("evaluate", model, None, None, 0, 0, objective.eval, ev, objective.score)
-        result["task"] = objective.name
+        if run.recipe.objective.kind != "lm":
+            objective = objectives.build(run.recipe.objective, meta["special_ids"], meta["vocab_size"],
+                                         meta["max_seq_length"], run.recipe.data.seed)  # fmt: skip
+            ev = token_eval_data(data_dir, objective, batch_size, None)
+            if ev is None:
+                raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
+            stage = loop.Stage("evaluate", model, None, None, 0, 0, objective.eval, ev, objective.score)
+            result["task"] = objective.name
     data = stage.eval_data
 
     def with_progress():

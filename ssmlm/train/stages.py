@@ -192,30 +192,19 @@ def pretrain_lm(
     """Pretrain a language model (Birdie's families) on the recipe's objective mixture. The corpus is kept as
     documents; every step's rows are packed on the host from (seed, step, mixture) alone, so a resumed run
     reads exactly the rows an uninterrupted one would, and each process builds only its own rows."""
-    from ssmlm.data.reserved import reserved_ids
-    from ssmlm.data.shards import TokenDocuments
-    from ssmlm.data.tokenizer import load_lm_tokenizer
     from ssmlm.models import build_pretraining_model
-    from ssmlm.objectives.lm import LMObjective
 
     maybe_initialize_distributed()
     seq_len = recipe.seq_len
     data_dir = _preprocessed(recipe.data, seq_len, quiet, layout="documents")
     meta = read_metadata(data_dir)
     recipe = resolve(recipe, "pretrain", vocab_size=meta["vocab_size"])
-    tok = load_lm_tokenizer(data_dir / "tokenizer.json")
-    train_docs, val_docs = TokenDocuments(data_dir, "train"), TokenDocuments(data_dir, "validation")
-    obj_cfg = recipe.objective
-    seed = obj_cfg.seed if obj_cfg.seed is not None else recipe.data.seed
     process, processes = _process_shard()
     local = recipe.train.batch_size // processes
-    objective = LMObjective(obj_cfg, reserved_ids(tok.token_to_id), train_docs, val_docs, seq_len, seed,
-                            batch_size=recipe.train.batch_size, min_space=obj_cfg.min_sample_space,
-                            rows=(process * local, (process + 1) * local))  # fmt: skip
+    objective = lm_objective(recipe, data_dir, rows=(process * local, (process + 1) * local))
     model = build_pretraining_model(recipe.model, seed=recipe.train.seed)
     check_layout(recipe)
-    n_val = recipe.train.eval_batches or 8  # rows are generated: "the whole split" has no meaning here
-    eval_data = (lambda: objective.eval_batches(n_val)) if len(val_docs) else None
+    eval_data = lm_eval_data(recipe, objective)
     if eval_data is None and not quiet:
         console.print(
             f"[yellow]no validation: data.validation_fraction = {recipe.data.validation_fraction} of "
@@ -250,6 +239,28 @@ def pretrain_lm(
     if jax.process_index() == 0:
         atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def lm_objective(recipe: Recipe, data_dir: Path, rows: tuple[int, int] | None = None):
+    """The LM objective of a recipe over its preprocessed documents (training and ``ssmlm evaluate``)."""
+    from ssmlm.data.reserved import reserved_ids
+    from ssmlm.data.shards import TokenDocuments
+    from ssmlm.data.tokenizer import load_lm_tokenizer
+    from ssmlm.objectives.lm import LMObjective
+
+    tok = load_lm_tokenizer(data_dir / "tokenizer.json")
+    cfg = recipe.objective
+    seed = cfg.seed if cfg.seed is not None else recipe.data.seed
+    return LMObjective(cfg, reserved_ids(tok.token_to_id), TokenDocuments(data_dir, "train"),
+                       TokenDocuments(data_dir, "validation"), recipe.seq_len, seed,
+                       batch_size=recipe.train.batch_size, min_space=cfg.min_sample_space, rows=rows)  # fmt: skip
+
+
+def lm_eval_data(recipe: Recipe, objective):
+    """() -> the fixed validation batches (rows are generated: "the whole split" has no meaning here, so
+    train.eval_batches = 0 means 8); None without validation documents."""
+    n = recipe.train.eval_batches or 8
+    return (lambda: objective.eval_batches(n)) if len(objective.docs_val) else None
 
 
 def token_eval_data(data_dir: Path, objective, batch_size: int, max_batches: int | None):
