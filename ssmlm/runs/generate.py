@@ -4,6 +4,8 @@
 Where the prompt goes (``mode``): ``prefix`` puts it in the bidirectional prefix, then START, as Birdie
 trains its prefix objectives (birdie_official.md §3.1, §5.1); ``causal`` puts START first and the prompt after
 it, as a next-token-only (clm) run was trained; ``auto`` picks causal for clm runs and prefix otherwise.
+The prompt is led by the paradigm token of the objective class it imitates (prefix LM or next token), as the
+run's samples were (unless the run used ``objective.paradigm: none``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssmlm.data.reserved import START
+from ssmlm.data.reserved import PARADIGMS, START
 from ssmlm.errors import UserError
 from ssmlm.models.decode import Sampling, generate_ids
 from ssmlm.runs import Run, open_run
@@ -28,9 +30,13 @@ class Generator:
     mode: str
 
     def layout(self, prompt: str) -> tuple[list[int], list[int]]:
+        """(prefix, causal) ids as the run's training samples were laid out: a prompt in the prefix is a prefix-LM
+        sample, a causal one a next-token sample, each led by its class's paradigm token when the run used them."""
         ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         start = self.tokenizer.token_to_id(START)
-        return (ids, [start]) if self.mode == "prefix" else ([], [start, *ids])
+        cls = "prefix_lm" if self.mode == "prefix" else "next_token"
+        lead = [] if self.run.recipe.objective.paradigm == "none" else [self.tokenizer.token_to_id(PARADIGMS[cls])]
+        return ([*lead, *ids], [start]) if self.mode == "prefix" else (lead, [start, *ids])
 
     def __call__(self, prompt: str, sampling: Sampling = Sampling(), stop: Sequence[str] = ()) -> str:
         prefix, causal = self.layout(prompt)
