@@ -20,7 +20,7 @@ SMALL = [
 ]  # fmt: skip
 
 
-FAMILY_SMALL = {"num_ssm": 8, "num_heads": 2, "tiny_attention_size": 8}
+FAMILY_SMALL = {"num_ssm": 8, "num_heads": 2, "tiny_attention_size": 8, "state_size": 8}
 
 
 def test_every_recipe_is_listed():
