@@ -19,6 +19,7 @@ NUM_SENTINELS = 100  # v1: ids 31900-31999 of the Llama-2 vocabulary re-purposed
 
 PAD = "<|pad|>"  # id 0 in a trained byte-level BPE (padding has segment id 0 whatever its token id)
 START = "<|start|>"  # "begin generating": between a sample's prefix and its target
+END = "<|end|>"  # ends a finetuning response (prompt/response data), so generation knows where to stop
 SENTINELS = tuple(f"<|sentinel_{i}|>" for i in range(NUM_SENTINELS))
 PARADIGMS = {c: f"<|paradigm_{c}|>" for c in CLASSES}
 # selective copying's markers (paper A.5: [COPY] [START] [END] [CONTEXT] [SEP] [DONE])
@@ -31,7 +32,7 @@ COPY_MARKERS = {
     "done": "<|done|>",
 }
 
-RESERVED = (START, *SENTINELS, *PARADIGMS.values(), *COPY_MARKERS.values())
+RESERVED = (START, *SENTINELS, *PARADIGMS.values(), *COPY_MARKERS.values(), END)
 
 
 def reserved_ids(token_to_id) -> dict[str, int]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssmlm.data.reserved import PARADIGMS, START
+from ssmlm.data.reserved import END, PARADIGMS, START
 from ssmlm.errors import UserError
 from ssmlm.models.decode import Sampling, generate_ids
 from ssmlm.runs import Run, open_run
@@ -42,11 +42,16 @@ class Generator:
         prefix, causal = self.layout(prompt)
         dec = self.tokenizer.decode
 
+        end = self.tokenizer.token_to_id(END)
+
         def stopped(ids: list[int]) -> bool:
-            # only the text's tail can hold a new stop string: decode a window, not everything every step
+            # END closes a finetuned response; only the text's tail can hold a new stop string: decode a window
+            if ids[-1] == end:
+                return True
             return bool(stop) and any(s in dec(ids[-64:], skip_special_tokens=False) for s in stop)
 
-        ids = generate_ids(self.model, prefix, causal, sampling, stopped if stop else None)
+        ids = generate_ids(self.model, prefix, causal, sampling, stopped)
+        ids = ids[:-1] if ids and ids[-1] == end else ids
         text = dec(ids, skip_special_tokens=False)
         cut = min((i for s in stop if (i := text.find(s)) >= 0), default=len(text))
         return text[:cut]
