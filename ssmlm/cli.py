@@ -310,13 +310,16 @@ def finetune(
     ckpt = init_from or ckpt
     if not ckpt:
         raise UserError("finetune needs a checkpoint: pass --ckpt RUN_DIR (or --init-from FINETUNED_RUN)")
-    r = _load(recipe, set_, "finetune_default")
+    checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
+    lm = _is_lm_run(ckpt)
+    r = _load(recipe, set_, LM_FINETUNE_RECIPES.get(task, "lm_finetune") if lm else "finetune_default")
     _check_training_options(name, stop_after)
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
-    checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
     r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir)
+    if lm:
+        return _finetune_lm(r, ckpt, name, quiet, stop_after, seed_list)
     checks.inputs(r, data=False)  # the corpus and tokenizer are the source run's
     from ssmlm.data.tasks import get_task
 
@@ -346,6 +349,37 @@ def finetune(
         results.append(summary)
     if seeds:
         _report_seeds(results, seed_list, _run_dir(r, f"{base_name}-seeds.json"))
+
+
+# a language model's finetuning recipe per task (the paper's settings)
+LM_FINETUNE_RECIPES = {"phonebook": "phonebook_finetune", "instruct": "instruct_finetune"}
+
+
+def _is_lm_run(ckpt: str) -> bool:
+    import yaml
+
+    raw = yaml.safe_load((Path(ckpt).expanduser() / "recipe.yaml").read_text()) or {}
+    return (raw.get("objective") or {}).get("kind") == "lm"
+
+
+def _finetune_lm(r, ckpt: str, name: str | None, quiet: bool, stop_after: int | None, seeds: list) -> None:
+    from ssmlm.train.lm_finetune import LM_TASKS
+
+    if r.task.name not in LM_TASKS:
+        raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
+                        f"{', '.join(LM_TASKS)}")  # fmt: skip
+    if r.task.name == "instruct" and not r.task.train_file:
+        raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
+    from ssmlm.analyze.plots import LossPlot
+    from ssmlm.train.lm_finetune import finetune_lm
+
+    r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
+    base = name or f"{Path(ckpt).name}-{r.task.name}"
+    for seed in seeds:
+        rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
+        run_dir = _run_dir(rs, base if seed is None else f"{base}-seed{seed}")
+        summary = finetune_lm(rs, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
+        _print_summary(summary, run_dir)
 
 
 def _report_seeds(summaries: list[dict], seeds: list[int], path: Path) -> None:

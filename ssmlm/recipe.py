@@ -52,6 +52,29 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    """Birdie's dynamic mixture (objective.mixture: birdie): when it evaluates, its reward model and how it
+    chooses the next action (birdie_official.md §2). Defaults are the paper's (v1); shrink them for tiny runs."""
+
+    eval_scale: float = 1.0  # evaluations at the paper's steps 10, 50, 250, 500, 1000, 1500, 2000, +1000 … × this
+    validation_rows: int = 2  # fixed validation rows (of seq_len) per configuration, the reward's losses
+    proposals: int = 2048  # random candidate actions scored per choice
+    pools: Literal["uniform", "pareto"] = "uniform"  # pareto: v2's three heavy-tailed pools as well
+    top_n: int = 8  # the chosen action is the mean of the best-scored candidates
+    grok_iterations: int = 200  # reward-model updates after every evaluation
+    learning_rate: float = 5.0e-4
+    weight_decay: float = 0.1
+    noise: float = 0.02  # inputs and rewards × U[1 − noise, 1 + noise] at every update (v1)
+    width: int = 256  # reward model: Gated-SSM blocks of this width
+    state_size: int = 512
+    layers: int = 4
+    max_history: int = 256  # evaluations the reward model sees (older ones are dropped)
+    explore: bool = True  # code only (the paper is silent): exploration actions on a decaying schedule
+    explore_style: Literal["v1", "v2"] = "v1"
+    start: Literal["uniform", "class_balanced"] = "uniform"  # the action before control starts (paper: uniform)
+
+
+@dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
     """How token rows become training examples (ssmlm.objectives): the kind, and its parameters."""
 
@@ -73,6 +96,19 @@ class ObjectiveConfig:
     paradigm: Literal["start", "end_half", "none"] = "start"
     spacing: int = 0  # pad slots between packed samples (paper A.11); 0: the models mask Conv1D taps instead
     min_sample_space: int = 32  # a row is closed once less room than this is left
+    controller: ControllerSettings = dataclasses.field(default_factory=ControllerSettings)  # mixture: birdie
+
+
+@dataclasses.dataclass(frozen=True)
+class PhonebookSettings:
+    """task.name: phonebook — generated phone books (Birdie §4.3, A.9): the paper finetunes on books of 8-800
+    entries with 1-32 queried numbers packed to 16,384 tokens; books are shrunk to fit task.max_seq_length."""
+
+    train_books: int = 8000  # 250 steps × batch 32 sees ≥ 8,000 packed books at the paper's length
+    validation_books: int = 64
+    entries: list[int] = dataclasses.field(default_factory=lambda: [8, 800])  # [lo, hi]
+    queries: list[int] = dataclasses.field(default_factory=lambda: [1, 32])  # [lo, hi]
+    form: Literal["qcq", "qc", "cq"] = "qcq"  # question-book-question (the paper's), question first, book first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +125,8 @@ class TaskConfig:
     num_labels: int | None = None  # 1 means regression
     max_seq_length: int | None = None  # None: the checkpoint's max_seq_length
     padding: Literal["max_length", "longest"] = "max_length"  # official BiGS: every input padded to the length
+    phonebook: PhonebookSettings = dataclasses.field(default_factory=PhonebookSettings)  # name: phonebook (LMs)
+    validation_examples: int = 256  # instruct without a validation file: this many training pairs held out
 
 
 @dataclasses.dataclass(frozen=True)

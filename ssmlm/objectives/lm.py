@@ -13,17 +13,19 @@ The model is called as ``model(tokens, segment_ids=, token_types=, positions=, r
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ssmlm.objectives.batch import Batch, make_batch
 from ssmlm.objectives.birdie.functions import Ids
+from ssmlm.objectives.birdie.mixtures import DYNAMIC, initial_action
 from ssmlm.objectives.birdie.mixtures import mixture as named_mixture
 from ssmlm.objectives.birdie.pipeline import make_batch_rows
-from ssmlm.objectives.losses import cross_entropy, token_prediction_score
+from ssmlm.objectives.losses import cross_entropy
 from ssmlm.objectives.mlm import row_keys
 
-_TRAIN, _VALIDATION = 4, 5  # key domains (mlm.py uses 1-3)
+_TRAIN, _VALIDATION, _CONFIG_VALIDATION, _FEASIBLE = 4, 5, 6, 7  # key domains (mlm.py uses 1-3)
 
 
 class LMObjective:
@@ -33,7 +35,8 @@ class LMObjective:
     spacing=None, batch_size=None, min_space=None)``: ``reserved`` is the {token string: id} dict of
     ``ssmlm.data.reserved.reserved_ids``; each of mixture ("birdie"), paradigm ("start"), spacing (0),
     batch_size (8) and min_space (32) falls back to the same-named attribute of ``cfg`` (may be None), then
-    to the default in brackets.
+    to the default in brackets. ``config_rows``: validation rows per configuration (what a controller learns
+    from; 0: none). A dynamic mixture keeps only the configurations that fit a row of ``seq_len``.
     """
 
     name = "lm"
@@ -41,7 +44,7 @@ class LMObjective:
     def __init__(self, cfg, reserved: dict[str, int], docs_train, docs_val, seq_len: int, seed: int,
                  mixture: str | None = None, paradigm: str | None = None, spacing: int | None = None,
                  batch_size: int | None = None, min_space: int | None = None,
-                 rows: tuple[int, int] | None = None):  # fmt: skip
+                 rows: tuple[int, int] | None = None, config_rows: int = 0):  # fmt: skip
         def pick(value, field, default):
             return value if value is not None else getattr(cfg, field, None) or default
 
@@ -54,8 +57,30 @@ class LMObjective:
         self.batch_size = int(pick(batch_size, "batch_size", 8))
         self.min_space = int(pick(min_space, "min_space", 32))
         self.configs, self.probs = named_mixture(self.mixture)
+        self.dropped: list[str] = []
+        if self.mixture in DYNAMIC:
+            self._keep_feasible()
         # which rows of every global batch this process builds (multi-host: each process its own share)
         self.rows = np.arange(*(rows or (0, self.batch_size)))
+        self.config_rows = int(config_rows)  # validation rows per configuration (0: none)
+        self._eval_cache: dict[int, list[Batch]] = {}
+        self._layout: np.ndarray | None = None  # configuration of every validation row (−1: mixture rows)
+
+    def _keep_feasible(self) -> None:
+        """Drop the configurations that cannot make a sample in a row of this length (e.g. the grid's
+        1024-2048-token infilling bucket at L = 256): a controller would get no loss to learn from for them.
+        A configuration is kept when one of 4 rows made of it alone on the training documents holds a target."""
+        keep = []
+        for i, _ in enumerate(self.configs):
+            probs = np.eye(len(self.configs))[i]
+            keys = row_keys(self.seed, _FEASIBLE, i, np.arange(4))
+            if self._rows(self.docs_train, keys, probs)["loss_weights"].sum() > 0:
+                keep.append(i)
+        if not keep:
+            raise ValueError(f"no configuration of mixture {self.mixture!r} fits a row of {self.seq_len} tokens")
+        self.dropped = [self.configs[i].name for i in range(len(self.configs)) if i not in keep]
+        self.configs = [self.configs[i] for i in keep]
+        self.probs = initial_action(self.configs)
 
     # -- rows and batches
     def _rows(self, docs, keys, probs) -> dict:
@@ -78,9 +103,36 @@ class LMObjective:
         keys = row_keys(self.seed, _VALIDATION, i * self.batch_size + np.arange(self.batch_size))
         return self._rows(self.docs_val, keys, self.probs)
 
+    def config_eval_rows(self, c: int) -> dict:
+        """``config_rows`` validation rows made of configuration ``c`` alone (Birdie's fixed validation set
+        per configuration, birdie_official.md §2.7)."""
+        keys = row_keys(self.seed, _CONFIG_VALIDATION, c, np.arange(self.config_rows))
+        return self._rows(self.docs_val, keys, np.eye(len(self.configs))[c])
+
     def eval_batches(self, n_batches: int) -> list[Batch]:
-        """The fixed validation set: batches 0..n_batches-1."""
-        return [to_batch(self.eval_rows(i)) for i in range(n_batches)]
+        """The fixed validation set (built once, then reused): batches 0..n_batches-1 of the mixture, then,
+        with ``config_rows``, that many rows per configuration packed into batches (the last one padded with
+        empty rows), which ``score`` turns into ``config_loss_<i>``."""
+        if n_batches not in self._eval_cache:
+            batches = [to_batch(self.eval_rows(i)) for i in range(n_batches)]
+            layout = [-1] * (n_batches * self.batch_size)
+            if self.config_rows:
+                rows = [self.config_eval_rows(c) for c in range(len(self.configs))]
+                stacked = {k: np.concatenate([r[k] for r in rows]) for k in rows[0] if k != "sample_configs"}
+                layout += [c for c in range(len(self.configs)) for _ in range(self.config_rows)]
+                n = len(stacked["tokens"])
+                for lo in range(0, n, self.batch_size):
+                    part = {k: v[lo : lo + self.batch_size] for k, v in stacked.items()}
+                    short = self.batch_size - len(part["tokens"])
+                    if short:  # empty rows: padding everywhere, no loss
+                        part = {
+                            k: np.concatenate([v, np.zeros((short, *v.shape[1:]), v.dtype)]) for k, v in part.items()
+                        }
+                        layout += [-2] * short
+                    batches.append(to_batch(part))
+            self._eval_cache[n_batches] = batches
+            self._layout = np.asarray(layout)
+        return self._eval_cache[n_batches]
 
     # -- loss and evaluation
     @staticmethod
@@ -92,12 +144,29 @@ class LMObjective:
 
     @staticmethod
     def eval(model, batch: Batch):
+        """Per-row sums (so the score can group rows by configuration)."""
         logits = _logits(model, batch, None)
-        nll, count = cross_entropy(logits, batch.targets, batch.loss_weights)
-        correct = ((logits.argmax(-1) == batch.targets) * batch.loss_weights).sum()
-        return {"nll": nll, "count": count, "correct": correct}
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+        nll = -jnp.take_along_axis(logp, batch.targets[..., None], axis=-1)[..., 0]
+        w = batch.loss_weights
+        correct = (logits.argmax(-1) == batch.targets) * w
+        return {"nll": (nll * w).sum(-1), "count": w.sum(-1), "correct": correct.sum(-1)}
 
-    score = staticmethod(token_prediction_score("lm", "target_tokens"))
+    def score(self, outputs: list[dict], batches=None) -> dict[str, float]:
+        """lm_loss / lm_accuracy / perplexity / target_tokens over the mixture's validation rows, and
+        ``config_loss_<i>`` (mean target-token loss of configuration i's rows) when they were evaluated."""
+        cat = {k: np.concatenate([np.asarray(o[k], np.float64) for o in outputs]) for k in ("nll", "count", "correct")}
+        layout = self._layout if self._layout is not None and len(self._layout) == len(cat["nll"]) else None
+        mix = layout == -1 if layout is not None else np.ones(len(cat["nll"]), bool)
+        count = cat["count"][mix].sum()
+        loss = cat["nll"][mix].sum() / max(count, 1.0)
+        out = {"lm_loss": loss, "lm_accuracy": cat["correct"][mix].sum() / max(count, 1.0),
+               "perplexity": float(np.exp(min(loss, 50))), "target_tokens": count}  # fmt: skip
+        if layout is not None and (layout >= 0).any():
+            for c in range(len(self.configs)):
+                rows = layout == c
+                out[f"config_loss_{c}"] = cat["nll"][rows].sum() / max(cat["count"][rows].sum(), 1.0)
+        return {k: float(v) for k, v in out.items()}
 
 
 def _logits(model, batch: Batch, rng):

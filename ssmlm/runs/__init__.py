@@ -52,7 +52,7 @@ class Run:
 
     def abstract_model(self):
         cfg = self.recipe.model
-        if self.kind == "finetune":
+        if self.kind == "finetune" and self.info.get("head") != "lm":  # a finetuned LM is still a whole LM
             head = HEADS[self.info.get("head", "classify")]
             return nnx.eval_shape(lambda: head.build(cfg, self.info["num_labels"]))
         return nnx.eval_shape(lambda: build_pretraining_model(cfg))

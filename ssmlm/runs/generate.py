@@ -3,7 +3,8 @@
 
 Where the prompt goes (``mode``): ``prefix`` puts it in the bidirectional prefix, then START, as Birdie
 trains its prefix objectives (birdie_official.md §3.1, §5.1); ``causal`` puts START first and the prompt after
-it, as a next-token-only (clm) run was trained; ``auto`` picks causal for clm runs and prefix otherwise.
+it, as a next-token-only (clm) run was trained; ``auto`` picks causal for clm pretraining runs and prefix
+otherwise (a finetuned run was trained with its prompts in the prefix, whatever its pretraining mixture).
 The prompt is led by the paradigm token of the objective class it imitates (prefix LM or next token), as the
 run's samples were (unless the run used ``objective.paradigm: none``).
 """
@@ -63,7 +64,7 @@ def load_generator(run_dir: str | Path, mode: str = "auto", step: int | None = N
         raise UserError(f"{run.dir}: is a {run.recipe.model.arch} run; generate needs a language model run")
     if mode not in ("auto", "prefix", "causal"):
         raise UserError(f"--mode {mode!r}: expected auto, prefix or causal")
-    if mode == "auto":
-        mode = "causal" if run.recipe.objective.mixture == "clm" else "prefix"
+    if mode == "auto":  # as the run was trained: finetuned prompts sit in the prefix; a clm run reads causally
+        mode = "causal" if run.recipe.objective.mixture == "clm" and run.kind != "finetune" else "prefix"
     model, _ = run.load_model(step)
     return Generator(run, model, run.tokenizer(), mode)

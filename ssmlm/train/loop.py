@@ -45,6 +45,9 @@ class Controller(Protocol):
         """The new state after the evaluation at ``step``; it applies from step + CONTROL_LAG on."""
         ...
 
+    # optional: ``record(state) -> dict`` of JSON values, logged to metrics.jsonl (split "controller") for the
+    # initial state and after every update
+
 
 # An update made after step s applies to the batches of steps >= s + CONTROL_LAG. The lag is the prefetch
 # depth, so batches already being read never change, and it is a constant, so a resumed run applies every
@@ -95,6 +98,7 @@ class Stage:
     eval_also_every: int = 0  # a second evaluation cadence (finetuning: every epoch end)
     hooks: list = field(default_factory=list)
     controller: Controller | None = None
+    eval_at: Callable[[int], bool] | None = None  # more evaluation steps (Birdie's schedule: 10, 50, 250, …)
     predictions_per_row: int | None = None  # scored positions per row, for the FLOPs estimate
 
 
@@ -292,8 +296,15 @@ def run(
             log.write({"step": step, "split": "validation", **metrics})
             _call(hooks, "on_eval", step, metrics)
             if control is not None and step < total:
-                control.set(stage.controller.update(control.at(step), step, metrics), step + CONTROL_LAG)
+                new = stage.controller.update(control.at(step), step, metrics)
+                control.set(new, step + CONTROL_LAG)
+                log_control(step, new, step + CONTROL_LAG)
         return metrics
+
+    def log_control(step: int, state, applies_from: int) -> None:
+        record = getattr(stage.controller, "record", None)
+        if record is not None:
+            log.write({"step": step, "split": "controller", "applies_from": applies_from, **record(state)})
 
     def batch_at(step: int):
         return stage.batches(step, control.at(step) if control is not None else None)
@@ -303,6 +314,8 @@ def run(
     step = start
     skipped_total = int(meta.get("skipped_steps", 0)) if latest is not None else 0
     t_start = time.time()
+    if control is not None and latest is None:
+        log_control(0, control.current, 0)
     _call(hooks, "on_start", start, total)
     # The prefetcher reads ahead with the schedule as it stands; updates only touch steps beyond its reach.
     prefetch = Prefetcher(batch_at, start, stop, PREFETCH_DEPTH)
@@ -355,7 +368,8 @@ def run(
                     if lead and not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
                         console.print(f"{stage.kind} step {step}/{total} loss {last['loss']:.4f} {tps:,.0f} tok/s")
                 evaluated = False
-                if (_due(step, cfg.eval_every) or _due(step, stage.eval_also_every)) and step < total:
+                due = _due(step, cfg.eval_every) or _due(step, stage.eval_also_every)
+                if (due or (stage.eval_at is not None and stage.eval_at(step))) and step < total:
                     eval_metrics = evaluate(step)
                     evaluated = bool(eval_metrics)
                 periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0

@@ -205,11 +205,24 @@ def pretrain_lm(
     model = build_pretraining_model(recipe.model, seed=recipe.train.seed)
     check_layout(recipe)
     eval_data = lm_eval_data(recipe, objective)
+    no_val = (f"data.validation_fraction = {recipe.data.validation_fraction} of {meta['documents']} documents "
+              "held none out (a corpus of few long files: split them, or raise it)")  # fmt: skip
+    controller = birdie_controller(recipe, objective)
+    if controller is not None and eval_data is None:
+        raise UserError(f"objective.mixture: birdie learns from validation losses, but {no_val}")
     if eval_data is None and not quiet:
-        console.print(
-            f"[yellow]no validation: data.validation_fraction = {recipe.data.validation_fraction} of "
-            f"{meta['documents']} documents held none out (a corpus of few long files: split them, or raise it)"
+        console.print(f"[yellow]no validation: {no_val}")
+    if objective.dropped and not quiet:
+        left = ", ".join(objective.dropped)
+        console.print(f"[yellow]{len(objective.dropped)} of the mixture's configurations cannot make a sample in "
+                      f"{seq_len} tokens and are left out:[/] {left}", soft_wrap=True)  # fmt: skip
+    if controller is not None:
+        eval_steps = set(controller.eval_steps())
+        batches = lambda step, state=None: objective.train_batch(  # noqa: E731
+            step, None if state is None else controller.action(state)
         )
+    else:
+        eval_steps, batches = set(), objective.train_batch
 
     with removed_on_failure(run_dir):
         if jax.process_index() == 0:
@@ -220,7 +233,7 @@ def pretrain_lm(
             kind="pretrain",
             model=model,
             loss_fn=objective.loss,
-            batches=objective.train_batch,
+            batches=batches,
             total_steps=recipe.train.steps,
             tokens_per_step=recipe.train.batch_size * seq_len,
             eval_fn=objective.eval,
@@ -231,8 +244,11 @@ def pretrain_lm(
                 "data_fingerprint": meta["fingerprint"],
                 "objective": f"lm/{objective.mixture}",
                 "tokenizer_sha256": sha256(run_dir / "tokenizer.json"),
+                "configs": [c.name for c in objective.configs],
             },
             hooks=list(hooks or []),
+            controller=controller,
+            eval_at=eval_steps.__contains__ if eval_steps else None,
             predictions_per_row=None,  # the LM head is a dense layer at every position: counted with the rest
         )
         summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)
@@ -242,18 +258,43 @@ def pretrain_lm(
 
 
 def lm_objective(recipe: Recipe, data_dir: Path, rows: tuple[int, int] | None = None):
-    """The LM objective of a recipe over its preprocessed documents (training and ``ssmlm evaluate``)."""
+    """The LM objective of a recipe over its preprocessed documents (training and ``ssmlm evaluate``); a
+    dynamic mixture also evaluates ``objective.controller.validation_rows`` rows per configuration."""
     from ssmlm.data.reserved import reserved_ids
     from ssmlm.data.shards import TokenDocuments
     from ssmlm.data.tokenizer import load_lm_tokenizer
+    from ssmlm.objectives.birdie.mixtures import DYNAMIC
     from ssmlm.objectives.lm import LMObjective
 
     tok = load_lm_tokenizer(data_dir / "tokenizer.json")
     cfg = recipe.objective
     seed = cfg.seed if cfg.seed is not None else recipe.data.seed
-    return LMObjective(cfg, reserved_ids(tok.token_to_id), TokenDocuments(data_dir, "train"),
-                       TokenDocuments(data_dir, "validation"), recipe.seq_len, seed,
-                       batch_size=recipe.train.batch_size, min_space=cfg.min_sample_space, rows=rows)  # fmt: skip
+    config_rows = cfg.controller.validation_rows if cfg.mixture in DYNAMIC else 0
+    try:
+        return LMObjective(cfg, reserved_ids(tok.token_to_id), TokenDocuments(data_dir, "train"),
+                           TokenDocuments(data_dir, "validation"), recipe.seq_len, seed,
+                           batch_size=recipe.train.batch_size, min_space=cfg.min_sample_space, rows=rows,
+                           config_rows=config_rows)  # fmt: skip
+    except ValueError as e:  # e.g. no configuration of the mixture fits the sequence length
+        raise UserError(f"objective.mixture = {cfg.mixture!r}: {e}") from None
+
+
+def birdie_controller(recipe: Recipe, objective):
+    """Birdie's controller over the objective's configurations (None for a fixed mixture)."""
+    from ssmlm.objectives.birdie.mixtures import DYNAMIC
+
+    if objective.mixture not in DYNAMIC:
+        return None
+    from ssmlm.objectives.birdie.controller import BirdieController, ControllerConfig
+
+    c = recipe.objective.controller
+    settings = ControllerConfig(
+        proposals=c.proposals, pools=c.pools, top_n=c.top_n, grok_iterations=c.grok_iterations, lr=c.learning_rate,
+        weight_decay=c.weight_decay, noise=c.noise, width=c.width, state=c.state_size, layers=c.layers,
+        max_history=c.max_history, explore=c.explore, explore_style=c.explore_style, start=c.start,
+        eval_scale=c.eval_scale,
+    )  # fmt: skip
+    return BirdieController(objective.configs, recipe.train.steps, objective.seed, settings)
 
 
 def lm_eval_data(recipe: Recipe, objective):
