@@ -61,6 +61,10 @@ def analyze_squad_length(run_dirs: list[Path], out_dir: Path) -> dict:
     if not run_dirs:
         raise UserError("--ckpt: give at least one run directory")
     results = [load_result(d) for d in run_dirs]
+    names = [r["run"] for r in results]
+    if len(set(names)) < len(names):  # two runs saved under one name: tell their lines apart by directory
+        for r, d in zip(results, run_dirs, strict=True):
+            r["run"] = str(d)
     table = rows(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "squad_length.csv"
