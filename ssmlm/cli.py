@@ -255,7 +255,12 @@ def _task_overrides(r, task, train_file, validation_file, text_fields, label_fie
 
 
 TaskOpt = Annotated[
-    str | None, typer.Option("--task", help="A known task: builtin-order, builtin-next, or a GLUE task.")
+    str | None,
+    typer.Option(
+        "--task",
+        help="A known task: builtin-order, builtin-next, a GLUE task, squad, squad_v2, quality, contract_nli; "
+        "language models: phonebook, instruct (finetune), phonebook, squad_v2, infilling, lm-eval:TASKS (evaluate).",
+    ),
 ]
 TrainFileOpt = Annotated[str | None, typer.Option("--train-file", help="Local csv/tsv/jsonl/parquet training file.")]
 ValFileOpt = Annotated[str | None, typer.Option("--validation-file", help="Local validation file.")]
@@ -417,24 +422,32 @@ def evaluate(
     out: Annotated[
         str | None, typer.Option("--out", help="Metrics JSON path (default: RUN/eval/TASK-SPLIT.json).")
     ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Language models: score only this many items (books, questions).")
+    ] = None,
 ):
-    """Score a run: MLM loss/accuracy for a pretraining run, task metrics for a finetuning run.
+    """Score a run: MLM loss/accuracy for a pretraining run, task metrics for a finetuning run; a language
+    model on its own validation rows, or on phonebook, squad_v2, infilling or lm-eval:TASKS.
 
     Example: ssmlm evaluate --ckpt runs/default-builtin-order
+    Example: ssmlm evaluate --ckpt runs/birdie_gated_ssm-phonebook --task phonebook
     """
     checks.option("--batch-size", batch_size, checks.POSITIVE)
     checks.run_dir(ckpt, "--ckpt")
     for opt, path in (("--validation-file", validation_file), ("--data-dir", data_dir)):
         if path and not Path(path).expanduser().exists():
             raise UserError(f"{opt} '{path}': no such file or directory")
-    from rich.console import Console
-    from rich.table import Table
-
     from ssmlm.recipe import TaskConfig
     from ssmlm.runs import open_run
     from ssmlm.train.evaluate import evaluate as run_evaluate
 
+    checks.option("--limit", limit, checks.POSITIVE)
     run = open_run(ckpt)
+    if run.recipe.objective.kind == "lm" and task:
+        from ssmlm.train.lm_evaluate import evaluate_lm_task
+
+        result = evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split)
+        return _write_result(result, Path(out) if out else None, run)
     task_cfg = None
     if task or validation_file or data_dir:
         base = run.recipe.task if run.kind == "finetune" else TaskConfig()
@@ -446,14 +459,23 @@ def evaluate(
         )
     sub_dir = Path(submission) if submission else None
     result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=sub_dir)
-    path = Path(out) if out else run.dir / "eval" / f"{result['task']}-{split}.json"
+    _write_result(result, Path(out) if out else None, run)
+
+
+def _write_result(result: dict, path: Path | None, run) -> None:
+    """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default) and print its numeric metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    path = path or run.dir / "eval" / f"{result['task']}-{result['split']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
-    t = Table(title=f"{result['task']} / {split} — {run.dir} (step {result['step']})")
+    t = Table(title=f"{result['task']} / {result['split']} — {run.dir} (step {result['step']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k, v in result["metrics"].items():
-        t.add_row(k, f"{v:.4f}")
+        if isinstance(v, int | float):
+            t.add_row(k, f"{v:.4f}")
     Console().print(t)
     typer.echo(f"wrote {path}" + (f" and {result['submission']}" if result.get("submission") else ""))
 

@@ -29,6 +29,7 @@ class Generator:
     model: object
     tokenizer: object
     mode: str
+    step: int | None = None  # the checkpoint's training step
 
     def layout(self, prompt: str) -> tuple[list[int], list[int]]:
         """(prefix, causal) ids as the run's training samples were laid out: a prompt in the prefix is a prefix-LM
@@ -66,5 +67,5 @@ def load_generator(run_dir: str | Path, mode: str = "auto", step: int | None = N
         raise UserError(f"--mode {mode!r}: expected auto, prefix or causal")
     if mode == "auto":  # as the run was trained: finetuned prompts sit in the prefix; a clm run reads causally
         mode = "causal" if run.recipe.objective.mixture == "clm" and run.kind != "finetune" else "prefix"
-    model, _ = run.load_model(step)
-    return Generator(run, model, run.tokenizer(), mode)
+    model, meta = run.load_model(step)
+    return Generator(run, model, run.tokenizer(), mode, int(meta["step"]))

@@ -135,8 +135,11 @@ def finetune_lm(
             eval_fn=objective.eval if val else None,
             eval_data=objective.eval_batches if val else None,
             score=objective.score,
-            meta={"task": recipe.task.name, "tokenizer_sha256": sha256(run_dir / "tokenizer.json"),
-                  "steps_per_epoch": objective.steps_per_epoch},  # fmt: skip
+            meta={
+                "task": recipe.task.name,
+                "tokenizer_sha256": sha256(run_dir / "tokenizer.json"),
+                "steps_per_epoch": objective.steps_per_epoch,
+            },  # fmt: skip
             hooks=list(hooks or []),
         )
         summary = loop.run(stage, recipe, run_dir, quiet=quiet, stop_after=stop_after)

@@ -1,0 +1,95 @@
+"""`ssmlm evaluate --ckpt LM_RUN --task …`: the Birdie paper's evaluations of a language model.
+
+    phonebook      generated phone books (§4.3, A.9): exact retrieval per queried number, greedy decoding
+    squad_v2       answerable SQuAD v2 questions (§4.4): contains-label and F1 by context length
+    infilling      story infilling (§4.5): multiple choice by target-length-normalised loss (a local JSONL)
+    lm-eval:T1,T2  EleutherAI lm-evaluation-harness tasks through ssmlm's adapter (optional extra)
+
+Each returns the result dict `ssmlm evaluate` writes to RUN/eval/TASK-SPLIT.json: run, task, split, step,
+metrics (numbers only, printed as the table), and the per-item records / bins the analyses plot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ssmlm.errors import UserError
+from ssmlm.runs import Run
+
+LM_EVAL_TASKS = ("phonebook", "squad_v2", "infilling")
+EVAL_SEED = 2_000_003  # evaluation books/items come from their own seed stream (never a training one)
+
+
+def evaluate_lm_task(
+    run: Run,
+    task: str,
+    data_dir: str | None = None,
+    validation_file: str | None = None,
+    limit: int | None = None,
+    batch_size: int = 8,
+    split: str = "validation",
+) -> dict[str, Any]:
+    if task.startswith("lm-eval:"):
+        return _harness(run, task, data_dir, limit, batch_size)
+    if task not in LM_EVAL_TASKS:
+        known = ", ".join(LM_EVAL_TASKS)
+        raise UserError(f"--task {task!r}: a language model is evaluated on {known} or lm-eval:TASKS")
+    from ssmlm.runs.generate import load_generator
+
+    gen = load_generator(run.dir)
+    if task == "phonebook":
+        out = _phonebook(run, gen, limit)
+    elif task == "squad_v2":
+        from ssmlm.data.qa import load_answerable
+        from ssmlm.train.squad_gen import evaluate_squad
+
+        items = load_answerable(data_dir, split=split, limit=limit, seed=EVAL_SEED)
+        out = evaluate_squad(gen, items)
+    else:
+        out = _infilling(gen, data_dir, validation_file, limit, batch_size)
+    return {"run": str(run.dir), "task": task, "split": split, "step": gen.step, **out}
+
+
+def _phonebook(run: Run, gen, limit: int | None) -> dict:
+    """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed."""
+    from ssmlm.train.lm_finetune import phonebook_pairs
+    from ssmlm.train.phonebook import evaluate_phonebook
+
+    task = run.recipe.task
+    settings = task.phonebook
+    seq_len = task.max_seq_length or run.recipe.model.max_seq_length
+    n = limit or settings.validation_books
+
+    items = phonebook_pairs(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED)
+    return evaluate_phonebook(gen, items)
+
+
+def _infilling(gen, data_dir: str | None, validation_file: str | None, limit: int | None, batch_size: int) -> dict:
+    from ssmlm.data.infilling import read_jsonl
+    from ssmlm.train.infilling import evaluate_infilling
+
+    path = Path(validation_file) if validation_file else (Path(data_dir) / "infilling.jsonl" if data_dir else None)
+    if path is None:
+        raise UserError(
+            "--task infilling reads a local JSONL of stories (the paper's set is not public): pass "
+            "--validation-file FILE or --data-dir DIR with infilling.jsonl (format: ssmlm.data.infilling)"
+        )
+    items = read_jsonl(path)
+    return evaluate_infilling(gen, items[:limit] if limit else items, batch_size=batch_size)
+
+
+def _harness(run: Run, task: str, include_path: str | None, limit: int | None, batch_size: int) -> dict:
+    from ssmlm.train.harness import run_harness
+
+    names = [t for t in task.removeprefix("lm-eval:").split(",") if t]
+    if not names:
+        raise UserError("--task lm-eval:TASKS: name at least one harness task, e.g. lm-eval:hellaswag,arc_easy")
+    results = run_harness(str(run.dir), names, limit=limit, include_path=include_path, batch_size=batch_size)
+    metrics = {}
+    for name, values in results.get("results", {}).items():
+        for k, v in values.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and "stderr" not in k:
+                metrics[f"{name}/{k.split(',')[0]}"] = float(v)
+    return {"run": str(run.dir), "task": "lm-eval", "split": "harness", "step": None, "metrics": metrics,
+            "harness": results.get("results", {})}  # fmt: skip
