@@ -102,8 +102,10 @@ def test_books_fit_a_token_budget_with_a_real_tokenizer():
     assert all(count(b) + 3 <= 300 for b in fitted)
     assert sum(f.entries < b.entries for f, b in zip(fitted, free, strict=True)) >= 6  # most had to shrink
     for f, b in zip(fitted, free, strict=True):
-        table = book_lines(f)
+        table, full = book_lines(f), book_lines(b)
         assert len(table) == f.entries and f.numbers == [table[n] for n in f.names]
+        assert table.items() <= full.items()  # a subset of the book's lines, in the book's order
+        assert list(table) == [n for n in full if n in table]
         assert f.names == b.names[: f.queries] and f.queries >= 1  # the asked lines are kept first
         if count(b) + 3 <= 300:
             assert f == b  # a book that fits is untouched

@@ -20,7 +20,7 @@ for one the singular "What is the phone number for A? Find it in the phonebook b
 
 Prompt/response JSONL (phone books, and any instruction-tuning data): one JSON object per line with at least
 ``"prompt"`` and ``"response"`` (strings; the response may not be empty); other fields are kept as they are
-(a phone book adds names, numbers, entries, queries, form). Blank lines are skipped.
+(a phone book adds names, numbers, entries, queries). Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -96,60 +96,57 @@ def _faker():
     return Faker("en_US")
 
 
-def _names(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` unique "First Last" names from Faker seeded from ``rng`` (so the same rng state gives the same names)."""
-    fake = _faker()
-    fake.seed_instance(int(rng.integers(2**63)))
+def _unique(draw, n: int) -> list[str]:
+    """The first ``n`` distinct values of the stream ``draw()`` (a prefix of a longer call's result)."""
     seen: dict[str, None] = {}
     while len(seen) < n:
-        seen.setdefault(f"{fake.first_name()} {fake.last_name()}")
+        seen.setdefault(draw())
     return list(seen)
 
 
-def _numbers(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` unique DDD-DDD-DDDD numbers, every digit uniform (the paper's include 090, 012, …)."""
-    seen: dict[str, None] = {}
-    while len(seen) < n:
-        for d in rng.integers(0, 10, size=(n - len(seen), 10)):
-            s = "".join(map(str, d))
-            seen.setdefault(f"{s[:3]}-{s[3:6]}-{s[6:]}")
-    return list(seen)
+class _Lines:
+    """A book's lines as streams: line j = (name j, number j); lines 0..k-1 are the asked ones, in question order,
+    and the book shows its lines in a random order (``rank``). Prefixes are stable: the first n lines do not depend
+    on how many more are drawn, so a book shrinks to its first n lines (every asked line first, then a random
+    subset of the others, in book order) without drawing the rest."""
 
+    def __init__(self, rng: np.random.Generator, entries: int, queries: int):
+        if not 1 <= queries <= entries:
+            raise ValueError(f"phone book: {queries} queries of {entries} entries (expected 1 <= queries <= entries)")
+        self.entries, self.queries = entries, queries
+        self.name_seed, self.number_seed = (int(x) for x in rng.integers(2**63, size=2))
+        self.rank = rng.permutation(entries)  # rank[j]: where line j stands in the full book
+        self.names: list[str] = []
+        self.numbers: list[str] = []
 
-@dataclasses.dataclass
-class _Draw:
-    """A book before rendering: every line, and which lines are asked (in question order)."""
+    def _draw(self, n: int) -> None:
+        if n <= len(self.names):
+            return
+        fake = _faker()  # realistic en_US first and last names, seeded per book
+        fake.seed_instance(self.name_seed)
+        self.names = _unique(lambda: f"{fake.first_name()} {fake.last_name()}", n)
+        rng = np.random.default_rng(self.number_seed)
 
-    names: list[str]
-    numbers: list[str]
-    asked: list[int]
+        def number() -> str:  # every digit uniform (the paper's numbers include 090, 012, …)
+            d = "".join(map(str, rng.integers(0, 10, size=10)))
+            return f"{d[:3]}-{d[3:6]}-{d[6:]}"
 
-    def render(self, form: str) -> PhoneBook:
-        return render(self.names, self.numbers, self.asked, form)
+        self.numbers = _unique(number, n)
 
-
-def _draw(rng: np.random.Generator, entries: int, queries: int) -> _Draw:
-    if not 1 <= queries <= entries:
-        raise ValueError(f"phone book: {queries} queries of {entries} entries (expected 1 <= queries <= entries)")
-    names, numbers = _names(rng, entries), _numbers(rng, entries)
-    asked = rng.choice(entries, size=queries, replace=False)  # a random subset, in random order
-    return _Draw(names, numbers, [int(i) for i in asked])
+    def render(self, form: str, lines: int | None = None) -> PhoneBook:
+        """The book of the first ``lines`` lines (all by default)."""
+        n = self.entries if lines is None else lines
+        self._draw(n)
+        order = np.argsort(self.rank[:n], kind="stable")  # book position -> line
+        at = {int(j): pos for pos, j in enumerate(order)}
+        asked = [at[j] for j in range(min(self.queries, n))]
+        return render([self.names[j] for j in order], [self.numbers[j] for j in order], asked, form)
 
 
 def make_book(rng: np.random.Generator, entries: int, queries: int, form: str = "qcq") -> PhoneBook:
-    """One book of ``entries`` lines asking for ``queries`` of them; deterministic for a given ``rng`` state."""
-    return _draw(rng, entries, queries).render(form)
-
-
-def _shrink(d: _Draw, rng: np.random.Generator, keep: int) -> _Draw:
-    """The book with ``keep`` lines: every asked line (the first ``keep`` asked when fewer) and a random subset of
-    the others, in their book order."""
-    asked = d.asked[:keep]
-    asked_all = set(d.asked)
-    others = [i for i in range(len(d.names)) if i not in asked_all]
-    kept = sorted([*asked, *rng.choice(others, size=keep - len(asked), replace=False).tolist()])
-    at = {old: new for new, old in enumerate(kept)}
-    return _Draw([d.names[i] for i in kept], [d.numbers[i] for i in kept], [at[i] for i in asked])
+    """One book of ``entries`` lines asking for ``queries`` of them (a random subset in random order);
+    deterministic for a given ``rng`` state."""
+    return _Lines(rng, entries, queries).render(form)
 
 
 def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple[int, int] = (1, MAX_QUERIES),
@@ -157,9 +154,10 @@ def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple
           max_len: int | None = None) -> list[PhoneBook]:  # fmt: skip
     """``n`` books, book i a function of (seed, i) only: entries ~ U{lo..hi}, queries ~ U{qlo..min(qhi, entries)}.
 
-    ``fit`` (with ``max_len``): a book's token count (prompt + response); while ``fit(book) + 3 > max_len`` (3: the
-    paradigm token, START, END) lines that are not asked are dropped, then asked ones too (the paper packs its books
-    to the sequence length; at short lengths most books shrink). A book that cannot fit with one line is a DataError.
+    ``fit`` (with ``max_len``): a book's token count (prompt + response). A book with ``fit(book) + 3 > max_len``
+    (3: the paradigm token, START, END) keeps the most lines that fit: its asked lines first (all of them while
+    any other line fits), then a random subset of the others (the paper packs its books to the sequence length;
+    at short lengths most books shrink). A book that cannot fit one line is a DataError.
     """
     (lo, hi), (qlo, qhi) = entries, queries
     if not 1 <= lo <= hi or not 1 <= qlo <= qhi:
@@ -172,19 +170,25 @@ def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple
     for i in range(n):
         rng = np.random.default_rng([seed, i])
         m = int(rng.integers(lo, hi + 1))
-        k = int(rng.integers(min(qlo, m), min(qhi, m) + 1))
-        d = _draw(rng, m, k)
-        book = d.render(form)
-        while fit is not None and (need := fit(book) + 3) > max_len:
-            lines = len(d.names)
-            if lines == 1:
-                raise DataError(f"phone book {i}: one entry needs {need} tokens, more than max_len {max_len}")
-            # proportional guess at the lines that fit, always at least one fewer
-            keep = max(1, min(lines - 1, int(lines * max_len / need)))
-            d = _shrink(d, rng, keep)
-            book = d.render(form)
-        out.append(book)
+        book = _Lines(rng, m, int(rng.integers(min(qlo, m), min(qhi, m) + 1)))
+        out.append(book.render(form) if fit is None else _fitted(book, form, fit, max_len, i))
     return out
+
+
+def _fitted(book: _Lines, form: str, fit, max_len: int, i: int) -> PhoneBook:
+    """The book of the most lines that fit (token counts grow with lines: doubling, then bisection)."""
+    fits = lambda n: fit(book.render(form, n)) + 3 <= max_len  # noqa: E731
+    if not fits(1):
+        need = fit(book.render(form, 1)) + 3
+        raise DataError(f"phone book {i}: one entry needs {need} tokens, more than max_len {max_len}")
+    good, bad = 1, None
+    while bad is None and good < book.entries:
+        n = min(2 * good, book.entries)
+        good, bad = (n, None) if fits(n) else (good, n)
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return book.render(form, good)
 
 
 # ----------------------------------------------------------------------------- JSONL
