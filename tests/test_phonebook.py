@@ -307,8 +307,8 @@ def lm_run(tmp_path_factory):
     recipe = {
         "base": "lm_tiny",
         "name": "pb",
-        "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "num_heads": 2,
-                  "max_seq_length": 256},
+        "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 1, "state_size": 32, "num_heads": 2,
+                  "max_seq_length": 128},
         "data": {"source": str(corpus), "vocab_size": 500},
         "objective": {"mixture": "birdie", "min_sample_space": 16},
         "train": {"steps": 2, "batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
@@ -325,9 +325,9 @@ def test_evaluator_on_a_tiny_model(lm_run):
 
     gen = load_generator(lm_run)
     assert gen.mode == "prefix"
-    items = phonebook_items(gen.tokenizer, 256, n=2, seed=0, entries=(4, 12), queries=(1, 3))
+    items = phonebook_items(gen.tokenizer, 128, n=2, seed=0, entries=(4, 12), queries=(1, 3))
     enc = lambda s: gen.tokenizer.encode(s, add_special_tokens=False).ids  # noqa: E731
-    assert all(len(enc(b.prompt)) + len(enc(b.response)) + 3 <= 256 for b in items)
+    assert all(len(enc(b.prompt)) + len(enc(b.response)) + 3 <= 128 for b in items)
     result = evaluate_phonebook(gen, items, progress=False)
     recs = result["records"]
     assert [r["index"] for r in recs] == [0, 1]

@@ -6,14 +6,15 @@ generates until END or a newline (a response is one line); ``ssmlm.evaluate.retr
 
 from __future__ import annotations
 
-from ssmlm.data.phonebook import MAX_QUERIES, PhoneBook, books
+from ssmlm.data import phonebook as pb
+from ssmlm.data.phonebook import MAX_QUERIES, PhoneBook
 from ssmlm.evaluate.retrieval import score_book, summarize
 from ssmlm.progress import progress_bar
 
 SLACK_TOKENS = 8  # generated beyond the gold response's length, so a slightly longer answer is not cut off
 
 
-def evaluate_phonebook(generator, items: list[PhoneBook], max_new_tokens: int | None = None,
+def evaluate_phonebook(generator, books: list[PhoneBook], max_new_tokens: int | None = None,
                        progress: bool = True) -> dict:  # fmt: skip
     """{"metrics": summarize(records), "records": [...]}: one record per book with its size, gold numbers, the
     generated text and its score. ``max_new_tokens`` (default: the gold response's token count + SLACK_TOKENS)."""
@@ -22,8 +23,8 @@ def evaluate_phonebook(generator, items: list[PhoneBook], max_new_tokens: int | 
     tok = generator.tokenizer
     records = []
     with progress_bar(not progress) as bar:
-        task = bar.add_task("phone books", total=len(items))
-        for i, book in enumerate(items):
+        task = bar.add_task("phone books", total=len(books))
+        for i, book in enumerate(books):
             budget = max_new_tokens or len(tok.encode(book.response, add_special_tokens=False).ids) + SLACK_TOKENS
             text = generator(book.prompt, Sampling(max_new_tokens=budget), stop=("\n",))
             records.append({"index": i, "entries": book.entries, **score_book(text, book.numbers),
@@ -34,10 +35,10 @@ def evaluate_phonebook(generator, items: list[PhoneBook], max_new_tokens: int | 
 
 def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[int, int] = (8, 800),
                     queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq") -> list[PhoneBook]:  # fmt: skip
-    """``n`` books (``ssmlm.data.phonebook.books``) shrunk to fit ``seq_len`` tokens of ``tokenizer`` with the
-    paradigm token, START and END."""
+    """``n`` books (``ssmlm.data.phonebook.books``: book i a function of (seed, i)), each shrunk to fit ``seq_len``
+    tokens of ``tokenizer`` together with the paradigm token, START and END."""
 
     def count(book: PhoneBook) -> int:
         return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in (book.prompt, book.response))
 
-    return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len)
+    return pb.books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len)
