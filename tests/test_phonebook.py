@@ -308,7 +308,7 @@ def lm_run(tmp_path_factory):
         "base": "lm_tiny",
         "name": "pb",
         "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 1, "state_size": 32, "num_heads": 2,
-                  "max_seq_length": 128},
+                  "max_seq_length": 256},
         "data": {"source": str(corpus), "vocab_size": 500},
         "objective": {"mixture": "birdie", "min_sample_space": 16},
         "train": {"steps": 2, "batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
@@ -325,9 +325,10 @@ def test_evaluator_on_a_tiny_model(lm_run):
 
     gen = load_generator(lm_run)
     assert gen.mode == "prefix"
-    items = phonebook_items(gen.tokenizer, 128, n=2, seed=0, entries=(4, 12), queries=(1, 3))
+    items = phonebook_items(gen.tokenizer, 256, n=2, seed=0, entries=(4, 12), queries=(1, 3))
     enc = lambda s: gen.tokenizer.encode(s, add_special_tokens=False).ids  # noqa: E731
-    assert all(len(enc(b.prompt)) + len(enc(b.response)) + 3 <= 128 for b in items)
+    assert all(len(enc(b.prompt)) + len(enc(b.response)) + 3 <= 256 for b in items)
+    assert max(b.entries for b in items) > 1
     result = evaluate_phonebook(gen, items, progress=False)
     recs = result["records"]
     assert [r["index"] for r in recs] == [0, 1]
@@ -338,6 +339,29 @@ def test_evaluator_on_a_tiny_model(lm_run):
         assert score_book(f"{b.response}\n", b.numbers)["all_correct"]  # the right numbers score 1
     assert result["metrics"] == summarize(recs) and result["metrics"]["books"] == 2
     json.dumps(result)  # what `ssmlm evaluate` will write
+
+
+def test_prompt_objective_through_a_real_model_under_jit(lm_run):
+    from flax import nnx
+
+    from ssmlm.runs.generate import load_generator
+    from ssmlm.train.phonebook import phonebook_items
+
+    gen = load_generator(lm_run)
+    items = phonebook_items(gen.tokenizer, 256, n=3, seed=1, entries=(2, 4), queries=(1, 2))
+    ps = [{"prompt": b.prompt, "response": b.response} for b in items]
+    obj = PromptResponseObjective(ps, ps, gen.tokenizer, 256, batch_size=2, seed=0)
+    batch = obj.eval_batches()[0]
+    out = nnx.jit(PromptResponseObjective.eval)(gen.model, batch)
+    logits = np.asarray(gen.model(batch.tokens, segment_ids=batch.segment_ids, token_types=batch.token_types,
+                                  positions=batch.positions))  # fmt: skip
+    hit, w, seg = logits.argmax(-1) == batch.targets, batch.loss_weights, batch.segment_ids
+    samples = [(r, k) for r in range(2) for k in range(1, seg[r].max() + 1)]
+    exact = sum(bool(hit[r][(seg[r] == k) & (w[r] > 0)].all()) for r, k in samples)
+    assert float(out["samples"]) == len(samples) and float(out["exact"]) == exact
+    assert float(out["count"]) == w.sum() and float(out["correct"]) == (hit * w).sum()
+    loss, _ = nnx.jit(PromptResponseObjective.loss)(gen.model, batch, None)
+    assert np.isfinite(float(loss))
 
 
 def write_eval(run, records, name="phonebook-validation.json"):
@@ -358,8 +382,8 @@ def test_analyze_phonebook_plot_and_csv(lm_run, tmp_path):
         shutil.copy(lm_run / f, other / f)
     r = invoke("analyze", "phonebook", "--ckpt", other, ok=False)
     assert r.exit_code != 0 and "ssmlm evaluate --ckpt" in r.output and "--task phonebook" in r.output
-    old = write_eval(other, [{"entries": 9, "queries": 1, "correct": 0, "all_correct": False}], "phonebook-a.json")
-    os.utime(old, (1, 1))  # older than the next one: only the newest evaluation counts
+    old = write_eval(other, [{"entries": 9, "queries": 1, "correct": 0, "all_correct": False}], "phonebook-z.json")
+    os.utime(old, (1, 1))  # older (though later by name): only the newest evaluation counts
     write_eval(other, [
         {"entries": 9, "queries": 1, "correct": 1, "all_correct": True},
         {"entries": 20, "queries": 2, "correct": 1, "all_correct": False},
