@@ -24,8 +24,12 @@ TABLES = {"by_queries": "queried numbers", "by_entries": "phone-book entries"}
 
 
 def command(
-    ckpt: Annotated[list[str], typer.Option("--ckpt", help="Run directory with a phone-book evaluation (repeat).")],
-    out: Annotated[str | None, typer.Option("--out", help="Output directory (default: FIRST_RUN/analysis).")] = None,
+    ckpt: Annotated[
+        list[str], typer.Option("--ckpt", metavar="RUN", help="Run directory with a phone-book evaluation (repeat).")
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", metavar="DIR", help="Output directory (default: FIRST_RUN/analysis).")
+    ] = None,
 ):
     """Plot phone-number retrieval accuracy against queried numbers and book size (Birdie Figure 1).
 
@@ -78,6 +82,8 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
         w.writerows(rows)
 
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, (table, label) in zip(axes, TABLES.items(), strict=True):
         # x: the number of queries itself; entry bins evenly spaced in size order ("8-15" < "16-31" < … < "512+")
@@ -86,9 +92,12 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
         for name, res in results.items():
             tab = res["metrics"][table]
             xs = sorted(tab, key=_lower)
-            ax.plot([where[x] for x in xs], [100 * tab[x]["number_accuracy"] for x in xs], "o-", label=name)
+            ys = [100 * tab[x]["number_accuracy"] for x in xs]
+            ax.plot([where[x] for x in xs], ys, "o-", label=name, clip_on=False)  # markers at 0 / 100 whole
         if table == "by_entries":
             ax.set_xticks(range(len(keys)), keys)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(label)
         ax.set_ylabel("per-number accuracy (%)")
         ax.set_ylim(0, 100)
