@@ -18,7 +18,7 @@ from ssmlm.cli import app
 from ssmlm.data.phonebook import PhoneBook, books, make_book, read_prompt_response, render, write_jsonl
 from ssmlm.data.reserved import END, PARADIGMS, START
 from ssmlm.data.tokenizer import train_byte_bpe
-from ssmlm.errors import DataError
+from ssmlm.errors import DataError, UserError
 from ssmlm.evaluate.retrieval import entry_bin, parse_numbers, score_book, summarize
 from ssmlm.objectives.batch import make_batch
 from ssmlm.objectives.prompts import PromptResponseObjective, encode_pair, segment_exact
@@ -205,6 +205,8 @@ def test_long_pairs_fail_or_lose_the_prompts_left(tokenizer):
     long = [{"prompt": " ".join(["the cat saw the river"] * 20), "response": "a dog"}]
     with pytest.raises(DataError, match=r"train pair 3: \d+ tokens .* exceed seq_len 32"):
         PromptResponseObjective(pairs(3) + long, [], tokenizer, seq_len=32, batch_size=2, seed=0)
+    with pytest.raises(UserError, match="objective.paradigm = 'end_half'"):
+        PromptResponseObjective(pairs(3), [], tokenizer, seq_len=32, batch_size=2, seed=0, paradigm="end_half")
     obj = PromptResponseObjective(long, [], tokenizer, seq_len=32, batch_size=2, seed=0, truncate=True)
     (prefix, target), (full, _) = obj.train[0], encode_pair(tokenizer, long[0]["prompt"], "a dog", obj.ids)
     assert len(prefix) + len(target) == 32

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssmlm.data.reserved import END, PARADIGMS, START, reserved_ids
-from ssmlm.errors import DataError
+from ssmlm.errors import DataError, UserError
 from ssmlm.objectives.batch import Batch
 from ssmlm.objectives.birdie.packing import empty_row, pack
 from ssmlm.objectives.lm import LMObjective, _logits, to_batch
@@ -87,6 +87,10 @@ class PromptResponseObjective:
 
     def __init__(self, pairs_train, pairs_val, tokenizer, seq_len: int, batch_size: int, seed: int,
                  paradigm: str = "start", rows: tuple[int, int] | None = None, truncate: bool = False):  # fmt: skip
+        if paradigm not in PARADIGM_CHOICES:
+            raise UserError(
+                f"objective.paradigm = {paradigm!r}: prompt/response finetuning takes one of {PARADIGM_CHOICES}"
+            )
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.ids = reserved_ids(tokenizer.token_to_id)
         self.start = self.ids[START]
