@@ -1,0 +1,111 @@
+"""`analyze phonebook`: phone-number retrieval accuracy of one or more runs (Birdie paper Figure 1).
+
+Reads each run's newest ``RUN/eval/phonebook-*.json`` (written by `ssmlm evaluate --task phonebook`: {"run",
+"task": "phonebook", "metrics": ``ssmlm.evaluate.retrieval.summarize``, "records"}) and draws per-number accuracy
+against the number of queried numbers (left, the paper's x-axis) and against the book's entry count (right), one
+line per run; the same numbers go to a CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ssmlm import checks
+from ssmlm.errors import UserError
+
+NAME = "phonebook"
+FIGURE = "Birdie Figure 1"
+TABLES = {"by_queries": "queried numbers", "by_entries": "phone-book entries"}
+
+
+def command(
+    ckpt: Annotated[
+        list[str], typer.Option("--ckpt", metavar="RUN", help="Run directory with a phone-book evaluation (repeat).")
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", metavar="DIR", help="Output directory (default: FIRST_RUN/analysis).")
+    ] = None,
+):
+    """Plot phone-number retrieval accuracy against queried numbers and book size (Birdie Figure 1).
+
+    Example: ssmlm analyze phonebook --ckpt runs/gated_ssm_birdie --ckpt runs/gated_ssm_clm
+    """
+    for c in ckpt:
+        checks.run_dir(c, "--ckpt")
+    result = analyze_phonebook([Path(c) for c in ckpt], Path(out) if out else Path(ckpt[0]) / "analysis")
+    typer.echo(json.dumps(result, indent=2))
+
+
+def latest_evaluation(run_dir: Path) -> dict:
+    """The newest (by modification time) phone-book evaluation JSON of a run."""
+    files = sorted((run_dir / "eval").glob("phonebook-*.json"), key=lambda p: (p.stat().st_mtime, p.name))
+    if not files:
+        raise UserError(
+            f"{run_dir}: no phone-book evaluation (eval/phonebook-*.json); "
+            f"run `ssmlm evaluate --ckpt {run_dir} --task phonebook` first"
+        )
+    try:
+        result = json.loads(files[-1].read_text())
+        result["metrics"]["by_queries"], result["metrics"]["by_entries"]  # noqa: B018 (the fields plotted)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{files[-1]}: not a phone-book evaluation ({type(e).__name__}: {e})") from None
+    result["file"] = str(files[-1])
+    return result
+
+
+def _lower(key: str) -> int:
+    """A table key's lower bound: "7" -> 7, "16-31" -> 16, "512+" -> 512."""
+    return int(key.rstrip("+").split("-")[0])
+
+
+def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
+    from ssmlm.analyze.plots import _plt
+
+    # legend = run name (its path where two runs share a name)
+    names = [r.name for r in runs]
+    results = {(r.name if names.count(r.name) == 1 else str(r)): latest_evaluation(r) for r in runs}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"run": name, "axis": table, "bin": key, "books": v["books"],
+         "number_accuracy_pct": 100 * v["number_accuracy"], "all_correct_pct": 100 * v["all_correct"]}
+        for name, res in results.items() for table in TABLES for key, v in res["metrics"][table].items()
+    ]  # fmt: skip
+    csv_path = out_dir / "phonebook.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["run"])
+        w.writeheader()
+        w.writerows(rows)
+
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, (table, label) in zip(axes, TABLES.items(), strict=True):
+        # x: the number of queries itself; entry bins evenly spaced in size order ("8-15" < "16-31" < … < "512+")
+        keys = sorted({k for res in results.values() for k in res["metrics"][table]}, key=_lower)
+        where = {k: _lower(k) for k in keys} if table == "by_queries" else {k: i for i, k in enumerate(keys)}
+        for name, res in results.items():
+            tab = res["metrics"][table]
+            xs = sorted(tab, key=_lower)
+            ys = [100 * tab[x]["number_accuracy"] for x in xs]
+            ax.plot([where[x] for x in xs], ys, "o-", label=name, clip_on=False)  # markers at 0 / 100 whole
+        if table == "by_entries":
+            ax.set_xticks(range(len(keys)), keys)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(label)
+        ax.set_ylabel("per-number accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Phone-number retrieval (Birdie Figure 1)")
+    fig.tight_layout()
+    png = out_dir / "phonebook.png"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return {"plot": str(png), "data": str(csv_path), "evaluations": {n: r["file"] for n, r in results.items()}}

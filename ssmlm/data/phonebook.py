@@ -1,0 +1,229 @@
+"""Multi-number phone-book lookup (Birdie paper §4.3, App. D Fig. 6; birdie_official.md §5.2) and the JSONL
+prompt/response format every finetuning file uses.
+
+A book lists ``entries`` realistic, unique "First Last: DDD-DDD-DDDD" lines; the prompt asks for the numbers of
+k of them (a random subset in random order) and the response is those k numbers, in question order, joined by
+", ". The question-context-question form ("qcq", the paper's) reads::
+
+    What are the phone numbers for Keven Meador, Stacey Krohn, and Wade Anger? Find them in the phonebook below.
+
+    Phonebook:
+    Leonardo Rampone: 669-174-4914
+    …
+    Kathryn Enrile: 472-553-8622
+
+    What are the phone numbers for Keven Meador, Stacey Krohn, and Wade Anger? Find them in the phonebook above.
+
+"qc" keeps only the first question (before the book), "cq" only the second (after it). The paper prints
+only k = 32; for fewer names we write the English the template implies: "A and B" for two (no comma), and
+for one the singular "What is the phone number for A? Find it in the phonebook below."
+
+Prompt/response JSONL (phone books, and any instruction-tuning data): one JSON object per line with at least
+``"prompt"`` and ``"response"`` (strings; the response may not be empty); other fields are kept as they are
+(a phone book adds names, numbers, entries, queries). Blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ssmlm.errors import DataError
+
+FORMS = ("qcq", "qc", "cq")
+MAX_QUERIES = 32  # the paper asks for 1..32 numbers
+
+
+@dataclasses.dataclass(frozen=True)
+class PhoneBook:
+    prompt: str
+    response: str
+    names: list[str]  # the queried names, in question order
+    numbers: list[str]  # their numbers, in the same order (the gold answer)
+    entries: int  # lines in the book
+
+    @property
+    def queries(self) -> int:
+        return len(self.names)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "queries": self.queries}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PhoneBook:
+        return cls(d["prompt"], d["response"], list(d["names"]), list(d["numbers"]), int(d["entries"]))
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def question(names: list[str], where: str) -> str:
+    """The question for ``names``, ending "Find them in the phonebook {where}." (where: below / above)."""
+    if len(names) == 1:
+        return f"What is the phone number for {names[0]}? Find it in the phonebook {where}."
+    listed = f"{names[0]} and {names[1]}" if len(names) == 2 else f"{', '.join(names[:-1])}, and {names[-1]}"
+    return f"What are the phone numbers for {listed}? Find them in the phonebook {where}."
+
+
+def render(book_names: list[str], book_numbers: list[str], asked: list[int], form: str = "qcq") -> PhoneBook:
+    """The prompt and response of a book (lines ``book_names[i]: book_numbers[i]``) asking for entries ``asked``
+    (indices, in question order)."""
+    if form not in FORMS:
+        raise ValueError(f"phone-book form {form!r}: expected one of {FORMS}")
+    names = [book_names[i] for i in asked]
+    numbers = [book_numbers[i] for i in asked]
+    book = "Phonebook:\n" + "\n".join(f"{n}: {p}" for n, p in zip(book_names, book_numbers, strict=True))
+    parts = {
+        "qcq": [question(names, "below"), book, question(names, "above")],
+        "qc": [question(names, "below"), book],
+        "cq": [book, question(names, "above")],
+    }[form]
+    return PhoneBook("\n\n".join(parts), ", ".join(numbers), names, numbers, len(book_names))
+
+
+# ----------------------------------------------------------------------------- random books
+
+
+@lru_cache(maxsize=1)
+def _faker():
+    from faker import Faker
+
+    return Faker("en_US")
+
+
+def _unique(draw, n: int) -> list[str]:
+    """The first ``n`` distinct values of the stream ``draw()`` (a prefix of a longer call's result)."""
+    seen: dict[str, None] = {}
+    while len(seen) < n:
+        seen.setdefault(draw())
+    return list(seen)
+
+
+class _Lines:
+    """A book's lines as streams: line j = (name j, number j); lines 0..k-1 are the asked ones, in question order,
+    and the book shows its lines in a random order (``rank``). Prefixes are stable: the first n lines do not depend
+    on how many more are drawn, so a book shrinks to its first n lines (every asked line first, then a random
+    subset of the others, in book order) without drawing the rest."""
+
+    def __init__(self, rng: np.random.Generator, entries: int, queries: int):
+        if not 1 <= queries <= entries:
+            raise ValueError(f"phone book: {queries} queries of {entries} entries (expected 1 <= queries <= entries)")
+        self.entries, self.queries = entries, queries
+        self.name_seed, self.number_seed = (int(x) for x in rng.integers(2**63, size=2))
+        self.rank = rng.permutation(entries)  # rank[j]: where line j stands in the full book
+        self.names: list[str] = []
+        self.numbers: list[str] = []
+
+    def _draw(self, n: int) -> None:
+        if n <= len(self.names):
+            return
+        fake = _faker()  # realistic en_US first and last names, seeded per book
+        fake.seed_instance(self.name_seed)
+        self.names = _unique(lambda: f"{fake.first_name()} {fake.last_name()}", n)
+        rng = np.random.default_rng(self.number_seed)
+
+        def number() -> str:  # every digit uniform (the paper's numbers include 090, 012, …)
+            d = "".join(map(str, rng.integers(0, 10, size=10)))
+            return f"{d[:3]}-{d[3:6]}-{d[6:]}"
+
+        self.numbers = _unique(number, n)
+
+    def render(self, form: str, lines: int | None = None) -> PhoneBook:
+        """The book of the first ``lines`` lines (all by default)."""
+        n = self.entries if lines is None else lines
+        self._draw(n)
+        order = np.argsort(self.rank[:n], kind="stable")  # book position -> line
+        at = {int(j): pos for pos, j in enumerate(order)}
+        asked = [at[j] for j in range(min(self.queries, n))]
+        return render([self.names[j] for j in order], [self.numbers[j] for j in order], asked, form)
+
+
+def make_book(rng: np.random.Generator, entries: int, queries: int, form: str = "qcq") -> PhoneBook:
+    """One book of ``entries`` lines asking for ``queries`` of them (a random subset in random order);
+    deterministic for a given ``rng`` state."""
+    return _Lines(rng, entries, queries).render(form)
+
+
+def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple[int, int] = (1, MAX_QUERIES),
+          form: str = "qcq", fit: Callable[[PhoneBook], int] | None = None,
+          max_len: int | None = None) -> list[PhoneBook]:  # fmt: skip
+    """``n`` books, book i a function of (seed, i) only: entries ~ U{lo..hi}, queries ~ U{qlo..min(qhi, entries)}.
+
+    ``fit`` (with ``max_len``): a book's token count (prompt + response). A book with ``fit(book) + 3 > max_len``
+    (3: the paradigm token, START, END) keeps the most lines that fit: its asked lines first (all of them while
+    any other line fits), then a random subset of the others (the paper packs its books to the sequence length;
+    at short lengths most books shrink). A book that cannot fit one line is a DataError.
+    """
+    (lo, hi), (qlo, qhi) = entries, queries
+    if not 1 <= lo <= hi or not 1 <= qlo <= qhi:
+        raise DataError(f"phone books: entries {entries} / queries {queries}: expected 1 <= lo <= hi ranges")
+    if form not in FORMS:
+        raise DataError(f"phone-book form {form!r}: expected one of {', '.join(FORMS)}")
+    if (fit is None) != (max_len is None):
+        raise ValueError("books: give fit and max_len together")
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, i])
+        m = int(rng.integers(lo, hi + 1))
+        book = _Lines(rng, m, int(rng.integers(min(qlo, m), min(qhi, m) + 1)))
+        out.append(book.render(form) if fit is None else _fitted(book, form, fit, max_len, i))
+    return out
+
+
+def _fitted(book: _Lines, form: str, fit, max_len: int, i: int) -> PhoneBook:
+    """The book of the most lines that fit (token counts grow with lines: doubling, then bisection)."""
+    fits = lambda n: fit(book.render(form, n)) + 3 <= max_len  # noqa: E731
+    if not fits(1):
+        need = fit(book.render(form, 1)) + 3
+        raise DataError(f"phone book {i}: one entry needs {need} tokens, more than max_len {max_len}")
+    good, bad = 1, None
+    while bad is None and good < book.entries:
+        n = min(2 * good, book.entries)
+        good, bad = (n, None) if fits(n) else (good, n)
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return book.render(form, good)
+
+
+# ----------------------------------------------------------------------------- JSONL
+
+
+def write_jsonl(path: str | Path, items) -> Path:
+    """Write books (or prompt/response dicts) one JSON object per line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = (b.to_dict() if isinstance(b, PhoneBook) else dict(b) for b in items)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def read_prompt_response(path: str | Path) -> list[dict]:
+    """Every line of a prompt/response JSONL file as a dict (see the module doc); bad lines raise DataError."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such prompt/response JSONL file")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{n}: expected a JSON object with 'prompt' and 'response'")
+        for key in ("prompt", "response"):
+            if not isinstance(row.get(key), str):
+                raise DataError(f"{path}:{n}: field '{key}' missing or not a string")
+        if not row["response"]:
+            raise DataError(f"{path}:{n}: empty 'response' (a finetuning target needs at least one token)")
+        out.append(row)
+    if not out:
+        raise DataError(f"{path}: holds no prompt/response lines")
+    return out

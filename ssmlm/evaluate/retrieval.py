@@ -1,0 +1,67 @@
+"""Scoring phone-book lookups (Birdie paper §4.3, Fig. 1; birdie_official.md §5.2).
+
+The paper's "accuracy" is not defined precisely, so both readings are reported: per-number accuracy (queried
+number j is right when the j-th DDD-DDD-DDDD in the generation equals gold number j) and all-k accuracy (every
+queried number right). Tables break both down by the number of queried numbers (1..32, Fig. 1's x-axis) and by
+the book's entry count.
+"""
+
+from __future__ import annotations
+
+import re
+
+NUMBER = re.compile(r"\d{3}-\d{3}-\d{4}")
+# entry-count bins [lo, next lo): powers of two from the paper's smallest training book (8) up to its 800
+ENTRY_BINS = (1, 8, 16, 32, 64, 128, 256, 512)
+
+
+def parse_numbers(text: str) -> list[str]:
+    """The phone numbers in ``text``, in order."""
+    return NUMBER.findall(text)
+
+
+def score_book(generated: str, book_numbers: list[str]) -> dict:
+    """{queries, correct, all_correct}: queried number j is correct iff the j-th number parsed from ``generated``
+    equals ``book_numbers[j]`` (a missing, extra-early or reordered number counts as wrong)."""
+    got = parse_numbers(generated)
+    correct = sum(j < len(got) and got[j] == gold for j, gold in enumerate(book_numbers))
+    return {"queries": len(book_numbers), "correct": correct, "all_correct": correct == len(book_numbers)}
+
+
+def entry_bin(entries: int) -> str:
+    """The label of the ENTRY_BINS bin holding ``entries`` ("8-15", …, "512+")."""
+    lo = max(b for b in ENTRY_BINS if b <= max(entries, ENTRY_BINS[0]))
+    i = ENTRY_BINS.index(lo)
+    return f"{lo}+" if i == len(ENTRY_BINS) - 1 else f"{lo}-{ENTRY_BINS[i + 1] - 1}"
+
+
+def _table(groups: dict) -> dict:
+    return {
+        key: {
+            "books": len(rs),
+            "number_accuracy": sum(r["correct"] for r in rs) / max(1, sum(r["queries"] for r in rs)),
+            "all_correct": sum(bool(r["all_correct"]) for r in rs) / len(rs),
+        }
+        for key, rs in groups.items()
+    }
+
+
+def summarize(records: list[dict]) -> dict:
+    """Overall per-number and all-k accuracy (fractions in [0, 1]), and the same per number of queries
+    ("by_queries", keys "1".."32" ascending) and per entry-count bin ("by_entries", keys in bin order).
+    ``records``: dicts with "entries", "queries", "correct", "all_correct"."""
+    by_k: dict[str, list] = {}
+    by_n: dict[str, list] = {}
+    for r in sorted(records, key=lambda r: (r["queries"], r["entries"])):
+        by_k.setdefault(str(r["queries"]), []).append(r)
+    for r in sorted(records, key=lambda r: r["entries"]):
+        by_n.setdefault(entry_bin(r["entries"]), []).append(r)
+    queries = sum(r["queries"] for r in records)
+    return {
+        "books": len(records),
+        "numbers": queries,
+        "number_accuracy": sum(r["correct"] for r in records) / max(1, queries),
+        "all_correct": sum(bool(r["all_correct"]) for r in records) / max(1, len(records)),
+        "by_queries": _table(by_k),
+        "by_entries": _table(by_n),
+    }
