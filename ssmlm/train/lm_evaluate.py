@@ -53,7 +53,7 @@ def evaluate_lm_task(
 
 def _phonebook(run: Run, gen, limit: int | None) -> dict:
     """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed."""
-    from ssmlm.train.lm_finetune import phonebook_pairs
+    from ssmlm.train.lm_finetune import phonebook_books
     from ssmlm.train.phonebook import evaluate_phonebook
 
     task = run.recipe.task
@@ -61,7 +61,7 @@ def _phonebook(run: Run, gen, limit: int | None) -> dict:
     seq_len = task.max_seq_length or run.recipe.model.max_seq_length
     n = limit or settings.validation_books
 
-    items = phonebook_pairs(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED)
+    items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED)
     return evaluate_phonebook(gen, items)
 
 

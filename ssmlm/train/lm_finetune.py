@@ -42,16 +42,12 @@ def is_lm_run(run: Run) -> bool:
     return run.recipe.objective.kind == "lm"
 
 
-def phonebook_pairs(settings, tokenizer, seq_len: int, n: int, seed: int) -> list[dict]:
-    """``n`` generated books as prompt/response dicts, each shrunk until it fits ``seq_len`` slots."""
-    from ssmlm.data.phonebook import books
+def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int):
+    """``n`` generated books (``ssmlm.data.phonebook.PhoneBook``), each shrunk until it fits ``seq_len`` slots."""
+    from ssmlm.train.phonebook import phonebook_items
 
-    count = lambda b: len(tokenizer.encode(b.prompt + b.response, add_special_tokens=False).ids)  # noqa: E731
-    lo, hi = settings.entries
-    made = books(n, seed, entries=(lo, hi), queries=tuple(settings.queries), form=settings.form,
-                 fit=(count, seq_len))  # fmt: skip
-    return [{"prompt": b.prompt, "response": b.response, "entries": b.entries, "queries": len(b.numbers),
-             "numbers": list(b.numbers)} for b in made]  # fmt: skip
+    return phonebook_items(tokenizer, seq_len, n, seed, entries=tuple(settings.entries),
+                           queries=tuple(settings.queries), form=settings.form)  # fmt: skip
 
 
 def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int) -> tuple[list[dict], list[dict]]:
@@ -61,8 +57,9 @@ def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int) -> tuple[list[dict], l
     if task.name == "phonebook":
         pb = task.phonebook
         # validation books come from another seed stream than the training books (never the same book)
-        return (phonebook_pairs(pb, tokenizer, seq_len, pb.train_books, seed),
-                phonebook_pairs(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003))  # fmt: skip
+        train = phonebook_books(pb, tokenizer, seq_len, pb.train_books, seed)
+        val = phonebook_books(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003)
+        return [b.to_dict() for b in train], [b.to_dict() for b in val]
     if task.name == "instruct":
         from ssmlm.data.instruct import load_pairs
 
