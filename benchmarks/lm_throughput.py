@@ -79,7 +79,10 @@ def train_tokens_per_s(cfg: ModelConfig, batch: int, length: int, repeats: int) 
     return count_params(model), batch * length / statistics.median(times)
 
 
-def decode(cfg: ModelConfig, n_tokens: int) -> tuple[float, int]:
+def decode(cfg: ModelConfig, n_tokens: int, measure: int = 0) -> tuple[float, int]:
+    """Tokens/s of recurrent decoding with room for ``n_tokens``, timed over ``measure`` steps (0: all of them;
+    a step's cost does not depend on its position: the Transformer reads every cache slot, masked), and the
+    bytes of the decoding state."""
     from ssmlm.models.decode import Stepper
 
     run = Stepper(build_pretraining_model(cfg))
@@ -89,12 +92,13 @@ def decode(cfg: ModelConfig, n_tokens: int) -> tuple[float, int]:
     tok = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
     logits, cache = run.step(tok, cache)  # compile
     jax.block_until_ready(logits)
+    steps = min(measure or n_tokens - 1, n_tokens - 1)
     t = time.perf_counter()
-    for _ in range(n_tokens - 1):
+    for _ in range(steps):
         logits, cache = run.step(jnp.argmax(logits, -1).astype(jnp.int32), cache)
     jax.block_until_ready(logits)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(cache))
-    return (n_tokens - 1) / (time.perf_counter() - t), state_bytes
+    return steps / (time.perf_counter() - t), state_bytes
 
 
 def main() -> None:
@@ -106,6 +110,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--decode", default="1024,8192")
     ap.add_argument("--only", default="train,decode")
+    ap.add_argument("--measure", type=int, default=0, help="decoding steps timed per run (0: all)")
+    ap.add_argument("--families", default="gated_ssm,gated_ssm_plus,hawk,transformer_lm")
     a = ap.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} "
           f"device(s), jax {jax.__version__}")  # fmt: skip
@@ -121,12 +127,12 @@ def main() -> None:
         lengths = [int(x) for x in a.decode.split(",")]
         print(f"\n## decoding, batch 1, d = {a.d} (state = bytes of the decoding cache)")
         print("| family | generated | tokens/s | state | peak RSS |\n|---|---:|---:|---:|---:|")
-        for k in ("gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"):
+        for k in a.families.split(","):
             c = cfgs.get(k) or ModelConfig(arch=k, **{f: getattr(cfgs["hawk"], f) for f in
                                                        ("hidden_size", "vocab_size", "max_seq_length", "dropout",
                                                         "num_layers", "state_size")})  # fmt: skip
             for n in lengths:
-                tps, state = decode(c, n)
+                tps, state = decode(c, n, a.measure)
                 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 print(f"| {k} | {n:,} | {tps:,.0f} | {state / 2**20:.2f} MiB | {rss:,.0f} MiB |")
 

@@ -158,9 +158,10 @@ class TransformerBlock(nnx.Module):
         q, k, v = self.qkv(x[:, None], pos[:, None])  # (B, 1, H, d_h)
         n = cache["lengths"]
         slots = jnp.arange(cache["k"].shape[1])[None]  # (1, max_len)
-        here = (slots == n[:, None])[:, :, None, None]
-        keys = jnp.where(here, k.astype(cache["k"].dtype), cache["k"])
-        values = jnp.where(here, v.astype(cache["v"].dtype), cache["v"])
+        # write one slot per row in place (a where over the whole cache rewrites all max_len slots every step)
+        put = jax.vmap(lambda c, new, i: jax.lax.dynamic_update_slice(c, new, (i, 0, 0)))
+        keys = put(cache["k"], k.astype(cache["k"].dtype), n)
+        values = put(cache["v"], v.astype(cache["v"].dtype), n)
         allowed = (slots <= n[:, None])[:, None]  # (B, 1, max_len)
         out = self.finish(x[:, None], attend(q, keys, values, allowed))[:, 0]
         return out, {"k": keys, "v": values, "lengths": n + 1}
