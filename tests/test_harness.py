@@ -4,7 +4,10 @@ continuation_logprobs computed directly."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import socket
+import sys
 
 import numpy as np
 import pytest
@@ -31,6 +34,21 @@ MC = [
     {"question": "Our neighbour called", "choices": ["the market", "a quiet house"], "label": 1},
     {"question": "The teacher watched", "choices": ["the tall tree", "the garden", "the river"], "label": 1},
 ]
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any attempt of lm-eval (or datasets) to reach a server fails the test."""
+
+    def refuse(sock, address, *args):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            raise AssertionError(f"network access attempted: {address}")
+        return real_connect(sock, address, *args)
+
+    real_connect = socket.socket.connect
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
 ROLLING = [" ".join(english_lines(8, seed=s)) for s in range(2)]
 
 
@@ -106,7 +124,8 @@ def test_run_harness_on_local_tasks(run_dir, task_dir):
 
 
 def test_loglikelihoods_are_continuation_logprobs(run_dir):
-    lm = SsmlmLM.create_from_arg_string(f"ckpt={run_dir},batch_size=3")
+    # as lm-eval's command line builds it: its own --batch_size default beside the model arguments
+    lm = SsmlmLM.create_from_arg_string(f"ckpt={run_dir},batch_size=3", {"batch_size": 1, "device": None})
     gen = lm.generator
     assert lm.batch_size == 3 and gen.mode == "prefix"  # a Birdie run: contexts in the bidirectional prefix
     pairs = [(r["question"], f" {c}") for r in MC[:3] for c in r["choices"]] + [("", " the river"), ("A dog ", "ran")]
@@ -160,3 +179,18 @@ def test_user_errors(run_dir, task_dir):
     with pytest.raises(UserError, match="no such folder of lm-eval task YAML files"):
         run_harness(run_dir, ["tiny_mc"], include_path=task_dir / "nope")
     # (an unknown task name is a UserError too, but finding that out indexes every built-in task: seconds)
+
+
+def test_missing_lm_eval_is_a_one_line_user_error(monkeypatch):
+    for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "ssmlm.train.harness")
+    with pytest.raises(UserError, match=r"pip install 'ssmlm\[harness\]'") as e:
+        importlib.import_module("ssmlm.train.harness")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow  # finding out means indexing every built-in lm-eval task
+def test_unknown_task_is_a_user_error(run_dir, task_dir):
+    with pytest.raises(UserError, match="'no_such_task': not found among lm-eval's tasks or"):
+        run_harness(run_dir, ["tiny_mc", "no_such_task"], include_path=task_dir)

@@ -28,7 +28,7 @@ from ssmlm.errors import UserError
 try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 except ImportError:  # an optional extra
     raise UserError("the lm-eval-harness adapter needs lm-eval: pip install 'ssmlm[harness]'") from None
 
@@ -63,6 +63,17 @@ class SsmlmLM(LM):
         if self.batch_size < 1:
             raise UserError(f"lm-eval model ssmlm: batch_size={batch_size}: expected a positive integer")
         self.max_length = self.generator.model.cfg.max_seq_length
+
+    # lm-eval's command line passes its own --batch_size (default 1) beside --model_args: model_args win
+    # rather than clash ("got multiple values for keyword argument")
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> SsmlmLM:
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> SsmlmLM:
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     # ---- the harness's three requests ----
 
