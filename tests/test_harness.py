@@ -4,6 +4,7 @@ continuation_logprobs computed directly."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import socket
@@ -141,6 +142,16 @@ def test_loglikelihoods_are_continuation_logprobs(run_dir):
     np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=1e-5)
     assert [g[1] for g in got] == [w[2] for w in want]
     assert all(g[0] < 0 for g in got)
+    # a causal layout (as for a clm run): the context after START, led by the next-token paradigm token
+    causal = SsmlmLM(generator=dataclasses.replace(gen, mode="causal"), batch_size=3)
+    got = causal.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)], disable_tqdm=True)
+    lead = tok.token_to_id(PARADIGMS["next_token"])
+    by_hand = [
+        ([lead], [start, *tok.encode(c, add_special_tokens=False).ids], tok.encode(x, add_special_tokens=False).ids)
+        for c, x in split
+    ]
+    want = continuation_logprobs(gen.model, by_hand, batch_size=5)
+    np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=1e-5)
 
 
 def test_rolling_windows_cover_every_token_once(run_dir):

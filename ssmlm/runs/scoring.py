@@ -53,8 +53,8 @@ def truncate(prefix: Sequence[int], causal: Sequence[int], continuation: Sequenc
 def _target_logprobs(graphdef, state, tokens, segment_ids, token_types, targets):
     """(B, L) log p(targets[b, t] | row b up to t) and whether targets[b, t] is the argmax there."""
     logits = nnx.merge(graphdef, state)(tokens, segment_ids=segment_ids, token_types=token_types)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    # log_softmax at the target only: no second (B, L, V) array
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
     return picked, jnp.argmax(logits, axis=-1) == targets
 
 
