@@ -55,8 +55,8 @@ ROLLING = [" ".join(english_lines(8, seed=s)) for s in range(2)]
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A tiny Birdie gated-SSM run (d = 32), pretrained for 2 steps through the CLI, max_seq_length 32 (so
-    that rolling windows are exercised)."""
+    """A tiny gated-SSM run (d = 32) on Birdie's fixed-ratio mixture (prompts go in the prefix), pretrained for
+    2 steps through the CLI, max_seq_length 32 (so that rolling windows are exercised)."""
     tmp = tmp_path_factory.mktemp("harness-run")
     corpus = tmp / "corpus"
     corpus.mkdir()
@@ -67,7 +67,7 @@ def run_dir(tmp_path_factory):
         "name": "tiny",
         "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "max_seq_length": 32},
         "data": {"source": str(corpus), "vocab_size": 300},
-        "objective": {"mixture": "birdie", "min_sample_space": 8},
+        "objective": {"mixture": "birdie_fixed", "min_sample_space": 8},
         "train": {"steps": 2, "batch_size": 4, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
                   "out_dir": str(tmp / "runs")},
     }  # fmt: skip
