@@ -15,7 +15,7 @@ string ``ckpt=RUN[,mode=auto|prefix|causal][,batch_size=8][,step=N]``:
 lm-eval is an optional extra (``pip install 'ssmlm[harness]'``); only this module imports it. lm-eval 0.4
 finds models only through its registry, filled by importing the module that defines them (it has no plugin
 entry points), so the plain ``lm_eval --model ssmlm`` command needs this module imported first; ``ssmlm
-evaluate --task lm-eval:…`` and ``run_harness`` do that.
+evaluate --task lm-eval:…``, ``run_harness`` and ``lm_eval_cli`` (lm-eval's command line) do that.
 """
 
 from __future__ import annotations
@@ -191,3 +191,11 @@ def run_harness(
         log_samples=False,
         bootstrap_iters=bootstrap_iters,
     )
+
+
+def lm_eval_cli() -> None:
+    """lm-eval's own command line (``lm_eval run --model ssmlm --model_args ckpt=RUN --tasks …``) with the
+    "ssmlm" model registered: lm-eval 0.4 has no plugin entry points, so its plain ``lm_eval`` cannot find it."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
