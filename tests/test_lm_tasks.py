@@ -101,7 +101,7 @@ def test_squad_and_infilling_evaluations(lm_run, tmp_path):
     assert result["metrics"]["items"] == 1  # the unanswerable question is dropped
     assert {"contains_label", "f1"} <= result["metrics"].keys() and result["by_length"]
     path = tmp_path / "infilling.jsonl"
-    write_jsonl(path, synthetic_items(4, seed=0))
+    write_jsonl(synthetic_items(4, seed=0), path)
     invoke("evaluate", "--ckpt", run, "--task", "infilling", "--validation-file", path)
     result = json.loads((run / "eval" / "infilling-validation.json").read_text())
     assert result["metrics"]["items"] == 4 and 0 <= result["metrics"]["accuracy"] <= 1

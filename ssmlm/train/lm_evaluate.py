@@ -88,8 +88,9 @@ def _harness(run: Run, task: str, include_path: str | None, limit: int | None, b
     results = run_harness(str(run.dir), names, limit=limit, include_path=include_path, batch_size=batch_size)
     metrics = {}
     for name, values in results.get("results", {}).items():
-        for k, v in values.items():
-            if isinstance(v, int | float) and not isinstance(v, bool) and "stderr" not in k:
+        for k, v in values.items():  # metrics are "name,filter" keys (e.g. "acc,none"); skip stderr and counts
+            if "," in k and "stderr" not in k and isinstance(v, int | float) and not isinstance(v, bool):
                 metrics[f"{name}/{k.split(',')[0]}"] = float(v)
-    return {"run": str(run.dir), "task": "lm-eval", "split": "harness", "step": None, "metrics": metrics,
+    step = int(run.load_model()[1]["step"])
+    return {"run": str(run.dir), "task": "lm-eval", "split": "harness", "step": step, "metrics": metrics,
             "harness": results.get("results", {})}  # fmt: skip
