@@ -46,8 +46,10 @@ class RMSSplit(nnx.Module):
         self.out_scale = nnx.Param(jnp.full((width,), 0.1, jnp.float32))
 
     def _norm(self, x, scale):
-        rms = jnp.linalg.norm(x, axis=-1, keepdims=True) / jnp.sqrt(x.shape[-1])  # ‖x‖/√d
-        return scale[...] * x / (rms + self.eps)
+        ss = jnp.sum(x * x, axis=-1, keepdims=True)
+        # ‖x‖/√d, with a finite gradient at x = 0 (a zero-padded history row): sqrt' is infinite there
+        norm = jnp.where(ss > 0, jnp.sqrt(jnp.where(ss > 0, ss, 1.0)), 0.0)
+        return scale[...] * x / (norm / jnp.sqrt(x.shape[-1]) + self.eps)
 
     def __call__(self, x):
         a, b = x[..., : self.half], x[..., self.half :]
