@@ -19,8 +19,8 @@ from ssmlm.objectives.birdie.controller import (
     class_weights,
     control_from,
     cyclic_lr,
-    explore_probability,
     exploration_action,
+    explore_probability,
     paper_eval_steps,
     propose,
     reward,
@@ -334,7 +334,8 @@ def environment(sign: float, evals: int = 11) -> list[float]:
         state = ctl.update(state, step, metrics(loss))
         share = ctl.action(state)[:2].sum()
         shares.append(share)
-        loss = loss * np.where(np.arange(6) < 2, 1 - sign * 0.077 * share ** (1 / 3), 1 + sign * 0.03 * share ** (1 / 3))
+        root = share ** (1 / 3)
+        loss = loss * np.where(np.arange(6) < 2, 1 - sign * 0.077 * root, 1 + sign * 0.03 * root)
     return shares
 
 

@@ -53,7 +53,8 @@ class RMSSplit(nnx.Module):
 
     def __call__(self, x):
         a, b = x[..., : self.half], x[..., self.half :]
-        return jnp.concatenate([self._norm(a, self.scale_a), self._norm(b, self.scale_b)], axis=-1) * self.out_scale[...]
+        normed = jnp.concatenate([self._norm(a, self.scale_a), self._norm(b, self.scale_b)], axis=-1)
+        return normed * self.out_scale[...]
 
 
 class CriticBlock(nnx.Module):

@@ -233,8 +233,8 @@ class ControllerConfig:
     eval_scale: float = 1.0  # the paper's evaluation steps (and control start) are multiplied by this
 
     def __post_init__(self):
-        choices = {"pools": ("uniform", "pareto"), "explore_style": ("v1", "v2"), "start": ("uniform", "class_balanced")}
-        for name, ok in choices.items():
+        choices = {"pools": ("uniform", "pareto"), "explore_style": ("v1", "v2")}
+        for name, ok in {**choices, "start": ("uniform", "class_balanced")}.items():
             if getattr(self, name) not in ok:
                 raise UserError(f"controller {name} = {getattr(self, name)!r}: expected one of {ok}")
         for name in ("proposals", "top_n", "width", "state", "layers", "max_history"):
@@ -335,7 +335,7 @@ class BirdieController:
         """(n,) float32 per-configuration validation losses from ``config_loss_<i>``."""
         for i in range(self.n):
             if f"config_loss_{i}" not in eval_metrics:
-                raise ValueError(f"Birdie controller: evaluation metrics lack 'config_loss_{i}' (expected 0..{self.n - 1})")
+                raise ValueError(f"Birdie controller: evaluation metrics lack 'config_loss_{i}' (keys 0..{self.n - 1})")
         return np.array([float(np.asarray(eval_metrics[f"config_loss_{i}"])) for i in range(self.n)], np.float32)
 
     def update(self, state, step: int, eval_metrics: dict) -> dict:
@@ -366,8 +366,10 @@ class BirdieController:
             return new
         cfg = self.cfg
         n_steps = cfg.explore_steps or self.total_steps
-        p_explore = explore_probability(step, n_steps, decay=cfg.explore_decay, warmup=cfg.explore_warmup,
-                                        cook=cfg.explore_cook, p_min=cfg.explore_min, p_max=cfg.explore_max)  # fmt: skip
+        p_explore = explore_probability(
+            step, n_steps, decay=cfg.explore_decay, warmup=cfg.explore_warmup, cook=cfg.explore_cook,
+            p_min=cfg.explore_min, p_max=cfg.explore_max,
+        )  # fmt: skip
         if cfg.explore and keyed_rng(self.seed, evals, _EXPLORE).uniform() < p_explore:
             # v1: the proposal set becomes copies of the exploration action, so it is the action taken
             rng = keyed_rng(self.seed, evals, _EXPLORE_ACTION)
