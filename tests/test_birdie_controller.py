@@ -38,6 +38,9 @@ def test_rms_split_hand_values():
                                rtol=1e-6)  # fmt: skip
     with pytest.raises(ValueError, match="odd"):
         RMSSplit(5)
+    # a zero row (the padded history) has a finite gradient: ‖x‖ has an infinite derivative at 0
+    g = jax.grad(lambda x: m(x).sum())(jnp.zeros(4))
+    assert np.isfinite(np.asarray(g)).all()
 
 
 def test_critic_block_uses_previous_steps_forget_gate():
@@ -60,7 +63,7 @@ def test_critic_block_uses_previous_steps_forget_gate():
     assert len(names) == 6 and not any("bias" in name for name in names)
 
 
-@pytest.mark.parametrize("t", [0, 1, 4])
+@pytest.mark.parametrize("t", [0, 4])
 def test_score_last_equals_full_forward(t):
     n = 5
     model = RewardModel(n, width=16, state=24, layers=2, rngs=nnx.Rngs(0))
@@ -226,7 +229,8 @@ def assert_same(a, b):
 def test_controller_state_and_first_updates():
     ctl = BirdieController(CONFIGS, total_steps=100, seed=3, cfg=TINY)
     s0 = ctl.init_state()
-    abstract = jax.eval_shape(lambda: s0)
+    abstract = jax.eval_shape(ctl.init_state)  # what the training loop restores a checkpoint into
+    assert jax.eval_shape(lambda: s0) == abstract
     np.testing.assert_allclose(ctl.action(s0), 0.25)  # paper: uniform until control starts
     assert ctl.eval_steps() == paper_eval_steps(100, 0.01) and ctl.control_from == 3
     with pytest.raises(ValueError, match="config_loss_2"):
@@ -241,7 +245,8 @@ def test_controller_state_and_first_updates():
     assert int(s2["t"]) == 1 and int(s2["explored"]) == 0
     np.testing.assert_array_equal(s2["x"][0], np.float32([3.0, 2.0, 4.0, 5.0, 0.25, 0.25, 0.25, 0.25]))
     np.testing.assert_allclose(s2["y"][0], reward(np.float32([3.0, 2.0, 4.0, 5.0]), np.float32(new)), rtol=1e-6)
-    assert not np.array_equal(s2["params"][0], s1["params"][0])  # the reward model was trained
+    assert not np.array_equal(s2["params"][0], s1["params"][0])  # the reward model was trained ...
+    assert all(np.isfinite(p).all() for p in s2["params"])  # ... on a zero-padded history without NaNs
     np.testing.assert_array_equal(s2["action"], s1["action"])
     rec = ctl.record(s2)
     assert rec["share/copying"] == pytest.approx(0.5) and rec["explored"] == 0.0
