@@ -25,7 +25,7 @@ from ssmlm.objectives.birdie.controller import (
     propose,
     reward,
 )
-from ssmlm.objectives.birdie.mixtures import Config
+from ssmlm.objectives.birdie.mixtures import Config, birdie_grid
 
 # ---------------------------------------------------------------------------------------------------- reward model
 
@@ -251,7 +251,9 @@ def test_controller_state_and_first_updates():
     rec = ctl.record(s2)
     assert rec["share/copying"] == pytest.approx(0.5) and rec["explored"] == 0.0
     assert rec["reward/copying"] == pytest.approx(float(np.mean(s2["y"][0][2:])), rel=1e-6)
+    frozen = jax.tree.map(np.copy, s2)
     s3 = ctl.update(s2, 3, metrics([2.8, 2.0, 3.4, 4.9]))  # control: step 3 is within the cook period → explore
+    assert_same(s2, frozen)
     assert int(s3["explored"]) == 1 and not np.allclose(ctl.action(s3), 0.25)
     assert ctl.action(s3).sum() == pytest.approx(1.0)
     # every state has the shapes and dtypes of init_state: eval_shape(init_state) restores any of them
@@ -352,3 +354,18 @@ def test_controller_learns_which_class_pays(sign):
     assert shares[0] == pytest.approx(1 / 3)  # the baseline evaluation keeps the uniform start action
     late = np.mean(shares[-3:])
     assert (late > 0.40) if sign > 0 else (late < 0.25), shares
+
+
+@pytest.mark.slow
+def test_paper_sized_controller():
+    """The paper's sizes: 104 configurations, a 4-layer 256/512 critic, 200 grok iterations, 2,048 proposals."""
+    grid = birdie_grid()
+    ctl = BirdieController(grid, total_steps=32000, seed=0)
+    state = ctl.init_state()
+    loss = np.linspace(2.0, 5.0, len(grid))
+    for step in ctl.eval_steps()[:4]:  # 10, 50 (data only), 250 (control: the cook period explores), 500
+        state = ctl.update(state, step, metrics(loss))
+        loss = loss * 0.98
+    assert int(state["t"]) == 3 and int(state["explored"]) == 1
+    rec = ctl.record(state)
+    assert sum(rec[f"share/{c}"] for c in ctl.class_index) == pytest.approx(1.0)

@@ -151,7 +151,7 @@ def exploration_action(classes: Sequence[str], losses, rng: np.random.Generator,
         if c in chosen:
             continue
         idx = index[c]
-        small = n / (n - k) * k / len(idx)
+        small = n / max(n - k, 1) * k / len(idx)  # n − k = 0 only for a 2-config toy with k = 2
         a[idx] = loss[idx] * 0.01 * small if style == "v1" else 0.005 * small
     if style == "v1":
         a = a * loss
@@ -385,9 +385,9 @@ class BirdieController:
 
     def bucket(self, t: int) -> int:
         """Rows of the padded history the reward model runs on: the smallest power of two >= t (at least 8),
-        at most max_history. The state always holds max_history rows; running all of them would cost ~7x more
-        than needed for the paper's ~35 evaluations (the recurrence is causal and the MSE masked, so the padding
-        never changes a result), while one compile per power of two is at most 6 compiles per run."""
+        at most max_history. The state always holds max_history rows, but running all of them would cost ~7x
+        more than needed for the paper's ~35 evaluations; rows past t never reach a counted row (the recurrence is
+        causal and the MSE masked), and one compile per power of two is at most 6 compiles per run."""
         return min(self.cfg.max_history, max(8, 1 << max(t - 1, 0).bit_length()))
 
     def _append(self, state, row, r):
