@@ -4,7 +4,7 @@ A sequence model over evaluation steps. Row t is [loss vector ℓ_t (n) ‖ acti
 the output at t is the predicted per-configuration reward r̂_t ∈ ℝⁿ of taking a_t at losses ℓ_t:
 
     x = Linear_{2n→w}(RMSSplit(row))
-    x ← x + CriticBlock(x)                                   (layers times)
+    x ← x + y_t  (CriticBlock, residual included)            (layers times)
     r̂ = Linear_{w→n}(RMSSplit(x))                           no output nonlinearity (v1)
 
 CriticBlock (v1 ``gated_ssm_agent.py``), with z = RMSSplit(x), width w, state N:
