@@ -100,3 +100,18 @@ def test_document_lengths_come_from_the_offsets(tmp_path):
                      validation_fraction=0.0)  # fmt: skip
     docs = TokenDocuments(preprocess(cfg, 64, tmp_path / "d", quiet=True, layout="documents"), "train")
     assert docs.lengths.tolist() == [len(docs[i]) for i in range(len(docs))]
+
+
+def test_long_documents_are_cut_at_paragraph_breaks():
+    """A corpus of a few long files (six novels) must still hold validation documents out: the documents
+    layout cuts a long document into pieces at the first blank line past the size, losing no line."""
+    from ssmlm.data.preprocess import pieces
+
+    para = ["x" * 10, "y" * 10, ""]  # 20 characters and a paragraph break
+    doc = para * 10  # 200 characters
+    out = list(pieces([doc, ["short"]], max_chars=50))
+    assert [line for p in out[:-1] for line in p] == doc and out[-1] == ["short"]
+    assert all(p[-1] == "" for p in out[:-2])  # every cut but the tail's is at a paragraph break
+    assert [sum(map(len, p)) for p in out[:-1]] == [60, 60, 60, 20]
+    # no blank line at all: cut at any line once twice the size is reached
+    assert [len(p) for p in pieces([["abc"] * 10], max_chars=4)] == [3, 3, 3, 1]

@@ -61,6 +61,9 @@ TOKEN_FIELDS = (
 )  # fmt: skip
 CHUNK_CHARS = 32 << 20  # ~32 MB of text per shard: ~8M tokens, a few hundred MB of working memory
 CHUNK_DOCUMENTS = 1 << 18  # bounds a chunk of many tiny documents (per-document Python overhead)
+# documents layout: a longer document (a novel in one .txt file) is cut into pieces of about this many
+# characters at paragraph breaks, so a corpus of a few long files still holds validation documents out
+PIECE_CHARS = 50_000
 ENCODE_CHARS = 4 << 20  # text per encode_batch call: enough lines to keep every core busy, few MB of Encodings
 
 
@@ -107,6 +110,7 @@ def output_dir(
             "tok": "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer),
             "layout": layout,
             "chunk": [chunk_chars, chunk_documents],  # where shards begin: part of what the rows are
+            **({"pieces": PIECE_CHARS} if layout == "documents" else {}),
         },
         sort_keys=True,
     )
@@ -118,6 +122,21 @@ def output_dir(
 
 def _after_shard(index: int) -> None:
     """Called after each shard is complete; tests replace it to interrupt a run at a known point."""
+
+
+def pieces(documents: Iterable[Document], max_chars: int = PIECE_CHARS) -> Iterator[Document]:
+    """Documents longer than ``max_chars`` cut into consecutive pieces: each piece ends at the first blank line
+    (a paragraph break) after ``max_chars`` characters, or at any line once it reaches twice that."""
+    for doc in documents:
+        piece, size = [], 0
+        for line in doc:
+            piece.append(line)
+            size += len(line)
+            if size >= max_chars and (not line.strip() or size >= 2 * max_chars):
+                yield piece
+                piece, size = [], 0
+        if piece:
+            yield piece
 
 
 def chunks(documents: Iterable[Document], chunk_chars: int, chunk_documents: int) -> Iterator[list[Document]]:
@@ -176,7 +195,8 @@ def preprocess(
         unit = "MB" if by_bytes else "documents"
         task = bar.add_task(f"tokenizing ({unit})", total=total, **{"tokens/s": "-"})
         try:
-            for index, chunk in enumerate(chunks(stream.documents, chunk_chars, chunk_documents)):
+            documents = pieces(stream.documents) if layout == "documents" else stream.documents
+            for index, chunk in enumerate(chunks(documents, chunk_chars, chunk_documents)):
                 n_chunks = index + 1
                 marker = out / "shards" / f"{shard_name(index)}.json"
                 if index % n_hosts == host and not marker.is_file():
