@@ -137,8 +137,14 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
     for k, v in (summary.get("train") or {}).items():
         t.add_row(f"train {k}", f"{v:.4f}")
-    for k, v in (summary.get("validation") or {}).items():
-        t.add_row(f"validation {k}", f"{v:.4f}")
+    val = summary.get("validation") or {}
+    per_config = [v for k, v in val.items() if k.startswith("config_loss_")]
+    for k, v in val.items():
+        if not k.startswith("config_loss_"):  # Birdie's per-configuration losses: summarised below
+            t.add_row(f"validation {k}", f"{v:.4f}")
+    if per_config:
+        t.add_row(f"validation loss per configuration ({len(per_config)})",
+                  f"{min(per_config):.3f} – {max(per_config):.3f}")  # fmt: skip
     if summary.get("seconds") is not None:
         t.add_row("seconds", str(summary["seconds"]))
     Console().print(t)
