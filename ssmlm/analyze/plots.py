@@ -35,13 +35,13 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     train = [r for r in rows if "loss" in r and "split" not in r]
     # the objective's own validation loss: mlm_loss (MLM), lm_loss (next token), ...
     val = [r for r in rows if r.get("split") == "validation"]
-    key = next((k for r in val for k in r if k.endswith("_loss")), None)
+    key = next((k for r in val for k in r if k.endswith("_loss") or k == "loss"), None)
     val = [r for r in val if key in r]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     if val:
-        name = key.removesuffix("_loss").upper()
-        ax.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"validation {name} loss")
+        name = "" if key == "loss" else key.removesuffix("_loss").upper() + " "
+        ax.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"validation {name}loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(run_dir.name)
