@@ -100,7 +100,8 @@ def finetune_lm(
     process, processes = _process_shard()
     local = recipe.train.batch_size // processes
     objective = PromptResponseObjective(train, val, tok, seq_len, recipe.train.batch_size, recipe.train.seed,
-                                        paradigm=source.recipe.objective.paradigm,
+                                        # end_half runs saw it at the start half the time: lead with it
+                                        paradigm="none" if source.recipe.objective.paradigm == "none" else "start",
                                         rows=(process * local, (process + 1) * local))  # fmt: skip
     epochs = recipe.train.epochs
     total = int(objective.steps_per_epoch * epochs) if epochs else recipe.train.steps
