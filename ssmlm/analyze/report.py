@@ -90,7 +90,7 @@ def _run_section(run, name: str, anchor: str, run_out: Path, page_dir: Path) -> 
     parts.append("<h3>Training curves</h3>" + _guard("training curves", lambda: _curves(run.dir, run_out)))
     parts.append("<h3>Evaluation</h3>" + _guard("evaluation results", lambda: _evaluations(run.dir)))
 
-    applied, not_applicable, no_hook, errors = [], [], [], {}
+    applied, not_applicable, no_hook, errors = {}, [], [], {}
     blocks = []
     from ssmlm.analyze import registry
 
@@ -107,7 +107,7 @@ def _run_section(run, name: str, anchor: str, run_out: Path, page_dir: Path) -> 
                 not_applicable.append(key)
                 continue
             blocks.append(_analysis_block(key, result, page_dir))
-            applied.append(key)
+            applied[key] = [str(p) for p in result.get("images") or []]
         except Exception as e:  # one analysis failing must not sink the page
             errors[key] = _error_line(e)
             blocks.append(f"<div class='analysis'><h4>{_e(key)}</h4><p class='error'>{_e(errors[key])}</p></div>")
@@ -132,7 +132,8 @@ def _analysis_block(key: str, result: dict, page_dir: Path) -> str:
     )
     numbers = result.get("numbers") or {}
     table = _table(numbers.items(), ("quantity", "value")) if numbers else ""
-    links = ", ".join(f"<a href='{_e(_rel(Path(p), page_dir))}'>{_e(Path(p).name)}</a>" for p in result.get("data") or [])
+    data = [Path(p) for p in result.get("data") or []]
+    links = ", ".join(f"<a href='{_e(_rel(p, page_dir))}'>{_e(p.name)}</a>" for p in data)
     return (
         f"<div class='analysis'><h4>{_e(title)} <span class='fig'>{_e(figure)}</span> "
         f"<code>ssmlm analyze {_e(key)}</code></h4>{imgs}{table}"
