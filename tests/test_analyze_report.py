@@ -8,6 +8,7 @@ installed, in a headless browser (every <img> decoded).
 
 import base64
 import csv
+import html
 import json
 import re
 import shutil
@@ -162,8 +163,6 @@ def test_report_page_shows_recipe_curves_evaluations_and_analyses(runs, report):
     for s in srcs:
         assert base64.b64decode(s.split(",", 1)[1], validate=True).startswith(PNG)
 
-    import html
-
     for name, run_dir in runs.items():
         part = parts[name]
         assert html.escape((run_dir / "recipe.yaml").read_text(), quote=True) in part  # the recipe, verbatim
@@ -212,7 +211,8 @@ def test_a_failing_analysis_shows_its_error_and_the_page_goes_on(runs, tmp_path)
     page = (run / "analysis" / "index.html").read_text()
     (info,) = summary["runs"]
     assert "spatial" in info["errors"] and "spatial" not in info["analyses"]
-    assert f"<p class='error'>{info['errors']['spatial'].split(':')[0]}" in page
+    assert info["errors"]["spatial"].startswith("CheckpointError: ")
+    assert f"<p class='error'>{html.escape(info['errors']['spatial'])}</p>" in page
     assert page.count("<img ") == 2  # the two curves still drawn
     assert "<summary>recipe.yaml</summary>" in page and page.rstrip().endswith("</html>")
 

@@ -28,7 +28,7 @@ import typer
 from ssmlm import checks
 
 NAME = "report"
-FIGURE = "one page per run: every figure and table that applies"
+FIGURE = "the run report: every figure and table that applies"
 MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome", "headless_shell")
 
@@ -40,10 +40,11 @@ def command(
         typer.Option("--out", metavar="DIR", help="Output directory of index.html (default: FIRST_RUN/analysis)."),
     ] = None,
 ):
-    """Write one self-contained HTML page for the runs (one page per run: every figure and table that applies).
+    """Write one self-contained HTML page for one or more runs (the run report: every figure and table that applies).
 
-    Per run: the recipe, loss and tokens/s curves, the evaluation results (RUN/eval/*.json) and every
-    analysis that applies to it; images are embedded, so index.html stands alone.
+    One section per run: the recipe, loss and tokens/s curves, the evaluation results (RUN/eval/*.json) and every
+    analysis that applies to it; images are embedded, so index.html stands alone. With several runs, each
+    run's analysis files go to DIR/RUN_NAME.
     Example: ssmlm analyze report --ckpt runs/gmlp_base --ckpt runs/bigs_128
     """
     for c in ckpt:
