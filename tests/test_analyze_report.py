@@ -128,6 +128,31 @@ def test_spatial_values_are_the_checkpoint_weights(runs, tmp_path):
         assert Path(res[key]).with_suffix(".svg").is_file()
 
 
+@pytest.mark.slow
+def test_spatial_dense_causal_weights(runs, tmp_path):
+    """model.spatial = dense with causal = true: W is the stored n×n kernel with its upper triangle zeroed."""
+    import orbax.checkpoint as ocp
+
+    corpus = runs["gmlp"].parent.parent / "corpus"
+    recipe = tiny_recipe(
+        tmp_path / "dense.yaml", corpus, {"arch": "gmlp", "num_layers": 2, "max_seq_length": N, "spatial": "dense",
+        "causal": True}, train={"steps": 2, "out_dir": str(tmp_path / "runs")},
+    )  # fmt: skip
+    invoke("pretrain", recipe, "-q", "--name", "dense")
+    run = tmp_path / "runs" / "dense"
+    invoke("analyze", "spatial", "--ckpt", run, "--out", tmp_path / "out")
+    step = max(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    tree = ocp.StandardCheckpointer().restore((run / "checkpoints" / str(step) / "params").resolve())
+    layers = tree["encoder"]["layers"]
+    if "block" in layers:
+        kernels = np.asarray(layers["block"]["sgu"]["spatial"]["kernel"]["value"], np.float64)
+    else:
+        kernels = np.stack([np.asarray(layers[str(i)]["sgu"]["spatial"]["kernel"]["value"]) for i in range(2)])
+    assert kernels.shape == (2, N, N)
+    expected = np.where(np.arange(N)[:, None] >= np.arange(N)[None, :], kernels, 0.0)
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "spatial.npz")["W"], expected, rtol=1e-6, atol=0)
+
+
 def test_spatial_refuses_other_architectures_and_bad_options(runs):
     r = CliRunner().invoke(app, ["analyze", "spatial", "--ckpt", str(runs["bigs"])])
     assert r.exit_code != 0 and "no spatial projection" in r.output
