@@ -119,3 +119,13 @@ def _total_steps(run_dir: Path, at_least: int) -> int:
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         total = 0
     return max(total, at_least + 1)
+
+
+def for_report(run, out_dir: Path) -> dict | None:
+    """The report's entry: the mixture figure of a run trained with objective.mixture: birdie."""
+    if run.recipe.objective.kind != "lm" or run.recipe.objective.mixture != "birdie":
+        return None
+    r = analyze_mixture(run.dir, out_dir)
+    numbers = {f"final share: {c.replace('_', ' ')}": f"{v:.3f}" for c, v in r["final_share"].items()}
+    return {"title": "Birdie's objective mixture over training", "figure": FIGURE, "images": [r["plot"]],
+            "data": [r["data"]], "numbers": {"controller updates": r["evaluations"], **numbers}}  # fmt: skip

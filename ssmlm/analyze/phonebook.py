@@ -109,3 +109,14 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
     fig.savefig(png, dpi=120)
     plt.close(fig)
     return {"plot": str(png), "data": str(csv_path), "evaluations": {n: r["file"] for n, r in results.items()}}
+
+
+def for_report(run, out_dir: Path) -> dict | None:
+    """The report's entry: Fig. 1's panels for this run, when it has a phone-book evaluation."""
+    if not any((run.dir / "eval").glob("phonebook-*.json")):
+        return None
+    r = analyze_phonebook([run.dir], out_dir)
+    m = latest_evaluation(run.dir)["metrics"]
+    return {"title": "Phone-book retrieval", "figure": FIGURE, "images": [r["plot"]], "data": [r["data"]],
+            "numbers": {"books": m["books"], "per-number accuracy": m["number_accuracy"],
+                        "all numbers right": m["all_correct"]}}  # fmt: skip

@@ -105,3 +105,15 @@ def plot(table: list[dict], out: Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def for_report(run, out_dir: Path) -> dict | None:
+    """The report's entry: Fig. 2 for this run, when it has a SQuAD v2 generation evaluation."""
+    try:
+        result = load_result(run.dir)
+    except UserError:
+        return None
+    r = analyze_squad_length([run.dir], out_dir)
+    numbers = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
+    return {"title": "SQuAD v2 (answerable) by context length", "figure": FIGURE, "images": [r["plot"]],
+            "data": [r["data"]], "numbers": numbers}  # fmt: skip
