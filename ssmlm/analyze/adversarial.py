@@ -16,6 +16,8 @@ of QNLI examples on which the stack and the gated SSM model predict the same lab
   so every distance scores the same examples and nothing is truncated away. With several runs, ``--agreed``
   (the default then) keeps only the examples on which all runs predict the same label on the plain input: the
   paper's subset. Distance 0 is the plain input: its accuracy is the run's accuracy on the kept examples.
+* Default distances: 0, 8, 16, 32, 64, those at most half the (shortest) run's length, so that at 128 tokens
+  (GLUE) all five are scored and most QNLI examples still fit.
 """
 
 from __future__ import annotations
@@ -64,8 +66,13 @@ def command(
         list[str], typer.Option("--ckpt", metavar="RUN", help="Finetuned sentence-pair classifier (repeat).")
     ],
     distances: Annotated[
-        str, typer.Option("--distances", help="Distractor lengths D in tokens (0 = the plain input).")
-    ] = ",".join(map(str, DEFAULT_DISTANCES)),
+        str | None,
+        typer.Option(
+            "--distances",
+            help="Distractor lengths D in tokens (0 = the plain input). Default: 0,8,16,32,64, those at most "
+            "half the run's length.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the distractor phrases' order.")] = 0,
     agreed: Annotated[
         bool | None,
@@ -92,7 +99,7 @@ def command(
     checks.option("--batch-size", batch_size, checks.POSITIVE)
     for c in ckpt:
         checks.run_dir(c, "--ckpt")
-    dists = parse_distances(distances)
+    dists = parse_distances(distances) if distances else None
     from ssmlm.runs import open_run
 
     runs = [open_run(c) for c in ckpt]
@@ -182,7 +189,7 @@ def _plain(run, split, data_dir, validation_file) -> dict:
     return {"arrays": arrays, "task": td.name, "max_len": max_len}
 
 
-def analyze_adversarial(runs, out_dir: Path, distances=DEFAULT_DISTANCES, seed: int = 0, agreed: bool | None = None,
+def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agreed: bool | None = None,
                         split="validation", data_dir=None, validation_file=None, batch_size=32) -> dict:  # fmt: skip
     import numpy as np
 
@@ -198,6 +205,9 @@ def analyze_adversarial(runs, out_dir: Path, distances=DEFAULT_DISTANCES, seed: 
     if len(counts) > 1:
         raise UserError(f"--ckpt: the runs' '{split}' splits differ in size ({sorted(counts)}); give runs of one task")
     n_all = counts.pop()
+    if distances is None:  # room for the distractor and most examples at the shortest run's length
+        half = min(p["max_len"] for p in plain.values()) // 2
+        distances = tuple(d for d in DEFAULT_DISTANCES if d <= half)
     top = max(distances)
     fits = np.ones(n_all, bool)  # room for the longest distractor in every run's encoding
     for p in plain.values():
