@@ -110,9 +110,9 @@ def plain_encoding(run_dir, rows):
 def test_length_bins_equal_a_direct_recomputation(runs):
     tmp, out = runs
     ft = out / "bigs-pairs"
-    invoke("analyze", "length-bins", "--ckpt", ft, "--bins", "16,20,24", "--out", tmp / "lb")
+    invoke("analyze", "length-bins", "--ckpt", ft, "--bins", "18,20,22", "--out", tmp / "lb")
     table = read_csv(tmp / "lb" / "length_bins.csv")
-    assert [r["bin"] for r in table] == ["1-16", "17-20", "21-24", ">24"]
+    assert [r["bin"] for r in table] == ["1-18", "19-20", "21-22", ">22"]
 
     rows = pair_rows(40, 2)
     ids, types, mask = plain_encoding(ft, rows)
@@ -120,7 +120,7 @@ def test_length_bins_equal_a_direct_recomputation(runs):
     labels = np.array([r["label"] for r in rows])
     assert 0 < preds.sum() < len(preds), "a constant classifier would make these checks weak"
     lengths = mask.sum(1)
-    for r, (lo, hi) in zip(table, [(0, 16), (16, 20), (20, 24), (24, 10**9)], strict=True):
+    for r, (lo, hi) in zip(table, [(0, 18), (18, 20), (20, 22), (22, 10**9)], strict=True):
         inside = (lengths > lo) & (lengths <= hi)
         assert int(r["n"]) == inside.sum()
         assert int(r["correct"]) == (preds == labels)[inside].sum()
@@ -221,6 +221,9 @@ def test_adversarial_accuracy_per_distance(runs):
     assert {int(r["n"]) for r in both} == {same.sum()}
     d0 = {r["run"]: float(r["accuracy"]) for r in both if r["distance"] == "0"}
     assert d0["bigs-pairs"] == d0["stack-pairs"] == pytest.approx((p_b == labels)[same].mean())
+    md = (tmp / "adv2" / "adversarial.md").read_text().splitlines()
+    assert md[0] == "| Run | Arch | H P | H ~5~ P |"
+    assert md[2] == f"| bigs-pairs | bigs | {100 * d0['bigs-pairs']:.1f} | {100 * float(both[1]['accuracy']):.1f} |"
 
 
 def test_report_entries_and_applicability(runs, tmp_path):

@@ -94,7 +94,8 @@ def command(
 
     D filler tokens go between the first text (QNLI's question) and the second (its sentence), for each D in
     --distances; accuracy per run and distance goes to adversarial.csv and adversarial.png. Reproducible from
-    --seed. Example: ssmlm analyze adversarial --ckpt runs/bigs-qnli --ckpt runs/stack-qnli --data-dir glue
+    --seed; adversarial.md lays the numbers out like the paper's table.
+    Example: ssmlm analyze adversarial --ckpt runs/bigs-qnli --ckpt runs/stack-qnli --data-dir glue
     """
     checks.option("--batch-size", batch_size, checks.POSITIVE)
     for c in ckpt:
@@ -243,10 +244,13 @@ def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agre
     shown = [{"index": int(i), "distractor": tok.decode(distractor_ids(tok, top, seed, int(i)))} for i in index[:5]]
     examples.write_text(json.dumps({"seed": seed, "distance": top, "examples": shown}, indent=2))
     png = plot(table, out_dir / "adversarial.png", agreed)
+    md = out_dir / "adversarial.md"
+    md.write_text(markdown(table))
     return {
         "plot": str(png),
         "data": str(csv_path),
         "examples": str(examples),
+        "table": str(md),
         "seed": seed,
         "examples_scored": len(index),
         "examples_in_split": n_all,
@@ -255,15 +259,29 @@ def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agre
     }
 
 
+def markdown(table: list[dict]) -> str:
+    """The paper's layout: one row per run, accuracy (%) on H P (D = 0) and on H ~ P at each D > 0."""
+    dists = sorted({r["distance"] for r in table})
+    head = ["Run", "Arch", *[("H P" if d == 0 else f"H ~{d}~ P") for d in dists]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in dict.fromkeys(r["run"] for r in table):
+        mine = {r["distance"]: r for r in table if r["run"] == name}
+        cells = [name, mine[dists[0]]["arch"], *[f"{100 * mine[d]['accuracy']:.1f}" for d in dists]]
+        lines.append("| " + " | ".join(cells) + " |")
+    n = table[0]["n"]
+    return "\n".join(lines) + f"\n\n{table[0]['task']} {table[0]['split']}, {n} examples; ~D~: D distractor tokens.\n"
+
+
 def plot(table: list[dict], out: Path, agreed: bool) -> Path:
     """Accuracy (%) against distractor length, one line per run (the paper's H P vs H ~ P, at several D)."""
     from ssmlm.analyze.plots import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name in dict.fromkeys(r["run"] for r in table):
+    for k, name in enumerate(dict.fromkeys(r["run"] for r in table)):
         mine = [r for r in table if r["run"] == name]
-        ax.plot([r["distance"] for r in mine], [100 * r["accuracy"] for r in mine], "o-",
+        style = ("o-", "s--", "^:", "D-.")[k % 4]  # runs that agree everywhere draw on top of each other
+        ax.plot([r["distance"] for r in mine], [100 * r["accuracy"] for r in mine], style, markersize=7 - k,
                 label=f"{name} ({mine[0]['arch']})")  # fmt: skip
     ax.set_xlabel("distractor tokens inserted between the two texts (D)")
     ax.set_ylabel("accuracy (%)")
