@@ -155,6 +155,23 @@ def test_transfer_points_are_the_runs_numbers(runs):
     assert float(stack["score"]) == max(r["accuracy"] for r in ft_rows if r.get("split") == "validation")
     assert "best validation" in stack["score_from"]
     assert (tmp / "tr" / "transfer.png").stat().st_size > 5000
+    # runs moved together: the source is found beside the finetuned run
+    import shutil
+
+    moved = tmp / "moved"
+    for name in ("bigs", "bigs-pairs"):
+        shutil.copytree(out / name, moved / name, ignore=shutil.ignore_patterns("checkpoints"))
+    info = json.loads((moved / "bigs-pairs" / "run.json").read_text())
+    (moved / "bigs-pairs" / "run.json").write_text(json.dumps({**info, "source": "/gone/bigs"}))
+    row = transfer.point(moved / "bigs-pairs")
+    assert (row["score"], row["loss"], row["loss_from"]) == (
+        float(bigs["score"]),
+        float(bigs["loss"]),
+        str(moved / "bigs" / "eval" / "mlm-validation.json"),
+    )
+    shutil.rmtree(moved / "bigs")
+    r = runner.invoke(app, ["analyze", "transfer", "--ckpt", str(moved / "bigs-pairs")])
+    assert r.exit_code == 2 and "source '/gone/bigs' is not a run directory here" in r.output
     # --metric names another score; one the runs lack is a one-line error
     r = runner.invoke(app, ["analyze", "transfer", "--ckpt", str(out / "bigs-pairs"), "--metric", "f1"])
     assert r.exit_code == 2 and "no 'f1' score" in r.output and len(r.output.strip().splitlines()) == 1

@@ -92,9 +92,9 @@ def command(
 ):
     """Score a sentence-pair classifier with distractor phrases inserted between its two texts (BiGS Table 4).
 
-    D filler tokens go between the first text (QNLI's question) and the second (its sentence), for each D in
-    --distances; accuracy per run and distance goes to adversarial.csv and adversarial.png. Reproducible from
-    --seed; adversarial.md lays the numbers out like the paper's table.
+    For each distance D, D filler tokens go between the first text (QNLI's question) and the second (its
+    sentence); the phrases' order is reproducible from the seed. Accuracy per run and distance goes to
+    adversarial.csv, adversarial.png and adversarial.md (the paper's table layout).
     Example: ssmlm analyze adversarial --ckpt runs/bigs-qnli --ckpt runs/stack-qnli --data-dir glue
     """
     checks.option("--batch-size", batch_size, checks.POSITIVE)

@@ -143,6 +143,16 @@ def source_loss(source_dir: Path) -> dict:
     }
 
 
+def source_of(run) -> Path:
+    """The pretraining run a finetuned run names in run.json (as written, else beside the finetuned run: a
+    relative path was relative to where finetuning ran, and runs are often moved together)."""
+    named = run.info.get("source")
+    for d in (Path(named), run.dir.parent / Path(named).name) if named else ():
+        if (d / "run.json").is_file():
+            return d
+    raise UserError(f"{run.dir / 'run.json'}: source '{named}' is not a run directory here")
+
+
 def point(run_dir: Path, metric: str | None = None) -> dict:
     """One CSV row: a finetuned run's score and its source's loss."""
     from ssmlm.runs import open_run
@@ -150,10 +160,7 @@ def point(run_dir: Path, metric: str | None = None) -> dict:
     run = open_run(run_dir)
     if run.kind != "finetune":
         raise UserError(f"--ckpt {run_dir}: a {run.kind} run; give finetuned runs (each names its pretraining run)")
-    source_dir = Path(run.info.get("source", ""))
-    if not run.info.get("source") or not (source_dir / "run.json").is_file():
-        raise UserError(f"{run_dir}/run.json: source '{run.info.get('source')}' is not a run directory here")
-    source = open_run(source_dir)
+    source = open_run(source_of(run))
     metric = metric or default_metric(run.info)
     score, score_from = finetuned_score(run.dir, run.info, metric)
     return {"run": run.dir.name, "task": run.info.get("task"), "metric": metric, "score": score,
@@ -213,10 +220,10 @@ def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
 
 def for_report(run, out_dir: Path) -> dict | None:
     """Figure 5's point for a finetuned run whose source pretraining run has a validation loss; None otherwise."""
-    source = Path(run.info.get("source", "")) if run.kind == "finetune" else None
-    if source is None or not (source / "run.json").is_file():
+    if run.kind != "finetune" or not run.info.get("source"):
         return None
     try:
+        source_of(run)
         result = analyze_transfer([run.dir], out_dir)
     except UserError:  # no loss or no score recorded: nothing to place on the figure
         return None
