@@ -239,7 +239,7 @@ def test_adversarial_accuracy_per_distance(runs):
     d0 = {r["run"]: float(r["accuracy"]) for r in both if r["distance"] == "0"}
     assert d0["bigs-pairs"] == d0["stack-pairs"] == pytest.approx((p_b == labels)[same].mean())
     md = (tmp / "adv2" / "adversarial.md").read_text().splitlines()
-    assert md[0] == "| Run | Arch | H P | H ~5~ P |"
+    assert md[0] == "| Run | Arch | H P | H ~ P, D=5 |"
     assert md[2] == f"| bigs-pairs | bigs | {100 * d0['bigs-pairs']:.1f} | {100 * float(both[1]['accuracy']):.1f} |"
 
 

@@ -262,14 +262,14 @@ def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agre
 def markdown(table: list[dict]) -> str:
     """The paper's layout: one row per run, accuracy (%) on H P (D = 0) and on H ~ P at each D > 0."""
     dists = sorted({r["distance"] for r in table})
-    head = ["Run", "Arch", *[("H P" if d == 0 else f"H ~{d}~ P") for d in dists]]
+    head = ["Run", "Arch", *[("H P" if d == 0 else f"H ~ P, D={d}") for d in dists]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in dict.fromkeys(r["run"] for r in table):
         mine = {r["distance"]: r for r in table if r["run"] == name}
         cells = [name, mine[dists[0]]["arch"], *[f"{100 * mine[d]['accuracy']:.1f}" for d in dists]]
         lines.append("| " + " | ".join(cells) + " |")
-    n = table[0]["n"]
-    return "\n".join(lines) + f"\n\n{table[0]['task']} {table[0]['split']}, {n} examples; ~D~: D distractor tokens.\n"
+    note = f"{table[0]['task']} {table[0]['split']}, {table[0]['n']} examples; D: distractor tokens between H and P."
+    return "\n".join(lines) + f"\n\n{note}\n"
 
 
 def plot(table: list[dict], out: Path, agreed: bool) -> Path:
