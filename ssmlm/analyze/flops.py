@@ -31,6 +31,7 @@ about 50 s of CPU time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Annotated
@@ -142,11 +143,19 @@ def at_length(cfg, length: int, num_layers: int | None = None):
 
 def analytic_flops(cfg, length: int, predictions: int) -> float:
     """Training (forward + backward) FLOPs of one sequence of ``length``: ssmlm.models.flops, no allocation."""
-    from ssmlm.models import build_pretraining_model
-    from ssmlm.models.flops import abstract, flops_per_token
+    from ssmlm.models.flops import flops_per_token
 
-    c = at_length(cfg, length)
-    return flops_per_token(abstract(lambda: build_pretraining_model(c)), c, length, predictions) * length
+    return flops_per_token(_abstract(cfg), cfg, length, predictions) * length
+
+
+@functools.cache
+def _abstract(cfg):
+    """The MLM model of ``cfg`` as shapes. Built once per config: the counted (non-embedding) parameters do
+    not depend on the length, only the position table does, and it is not counted."""
+    from ssmlm.models import build_pretraining_model
+    from ssmlm.models.flops import abstract
+
+    return abstract(lambda: build_pretraining_model(cfg))
 
 
 def xla_step_flops(cfg, length: int, predictions: int) -> float:
