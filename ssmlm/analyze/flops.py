@@ -54,8 +54,9 @@ PAPER_TABLE6 = {
 # The configurations Table 6's numbers fit (see the module docstring): (hidden_size, num_layers, intermediate_size)
 PAPER_CONFIGS = {"BiGS": (1024, 23, 3072), "BERT": (1024, 24, 4096)}
 COLUMN = {"bigs": "BiGS", "gated_att": "BiGS", "stack_ssm": "BiGS", "bert": "BERT"}  # arch -> Table 6 column
-COLUMNS = ("model", "arch", "length", "predictions", "analytic_train_flops", "xla_train_flops", "xla_over_analytic",
-           "analytic_forward_flops", "paper_flops", "train_over_paper", "forward_over_paper", "paper_config")  # fmt: skip
+COLUMNS = ("model", "arch", "length", "predictions", "analytic_train_flops", "xla_train_flops",
+           "xla_over_analytic", "analytic_forward_flops", "paper_flops", "train_over_paper", "forward_over_paper",
+           "paper_config")  # fmt: skip
 
 
 def command(
@@ -95,7 +96,9 @@ def command(
         run = open_run(ckpt)
         arch = run.recipe.model.arch
         if arch not in COLUMN:
-            raise UserError(f"--ckpt {ckpt}: architecture '{arch}' is neither BiGS-family nor BERT ({', '.join(COLUMN)})")
+            raise UserError(
+                f"--ckpt {ckpt}: architecture '{arch}' is neither BiGS-family nor BERT ({', '.join(COLUMN)})"
+            )
         models[COLUMN[arch]] = model_config(run.recipe)
     result = analyze_flops(models, parsed, out_dir, xla=xla)
     typer.echo(json.dumps(result, indent=2))
@@ -231,6 +234,9 @@ NOTE = (
 )
 
 
+SUMMARY = ("model", "length", "analytic_train_flops", "xla_train_flops", "paper_flops", "forward_over_paper")
+
+
 def analyze_flops(models: dict[str, Counted], lengths: list[int], out_dir: Path, xla: bool = True) -> dict:
     """Table 6 for ``models`` ({"BiGS": ..., "BERT": ...}, either may be missing) at ``lengths``: CSV, JSON
     (the rows and the note on what the paper counts), PNG and SVG."""
@@ -255,8 +261,7 @@ def analyze_flops(models: dict[str, Counted], lengths: list[int], out_dir: Path,
         "data": str(csv_path),
         "json": str(json_path),
         "note": NOTE,
-        "table": [{k: _short(r[k]) for k in ("model", "length", "analytic_train_flops", "xla_train_flops",
-                                               "paper_flops", "forward_over_paper")} for r in rows],  # fmt: skip
+        "table": [{k: _short(r[k]) for k in SUMMARY} for r in rows],
         "forward_over_paper_range": [round(min(matched), 3), round(max(matched), 3)] if matched else None,
     }
 
@@ -282,11 +287,11 @@ def plot_flops(rows: list[dict], out: Path) -> Path:
         ax.plot(x, [r["analytic_train_flops"] for r in rs], "-", color=c, label=f"{model}: training (analytic)")
         if any(r["xla_train_flops"] for r in rs):
             xs = [(r["length"], r["xla_train_flops"]) for r in rs if r["xla_train_flops"]]
-            ax.plot(*zip(*xs), "o", color=c, ms=5, mfc="none", label=f"{model}: training (XLA)")
+            ax.plot(*zip(*xs, strict=True), "o", color=c, ms=5, mfc="none", label=f"{model}: training (XLA)")
         ax.plot(x, [r["analytic_forward_flops"] for r in rs], "--", color=c, lw=1, label=f"{model}: forward (÷3)")
         paper = [(r["length"], r["paper_flops"]) for r in rs if r["paper_flops"]]
         if paper:
-            ax.plot(*zip(*paper), "x", color=c, ms=8, mew=2, label=f"{model}: paper Table 6")
+            ax.plot(*zip(*paper, strict=True), "x", color=c, ms=8, mew=2, label=f"{model}: paper Table 6")
     ticks = sorted({r["length"] for r in rows})
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -304,7 +309,7 @@ def plot_flops(rows: list[dict], out: Path) -> Path:
                    label="ours (analytic)")  # fmt: skip
         paper = [(a["length"], a["paper_flops"] / b["paper_flops"]) for a, b in both if a["paper_flops"]]
         if paper:
-            ratio.plot(*zip(*paper), "x", ms=8, mew=2, color="black", label="paper Table 6")
+            ratio.plot(*zip(*paper, strict=True), "x", ms=8, mew=2, color="black", label="paper Table 6")
         ratio.axhline(1, color="grey", lw=0.6)
         ratio.set_xscale("log", base=2)
         ratio.set_xticks(ticks, [str(t) for t in ticks])

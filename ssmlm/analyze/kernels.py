@@ -265,7 +265,7 @@ def plot_kernel_compare(rows: dict, change: dict, labels: tuple[str, str], title
     plt = _plt()
     n = len(rows)
     fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n + 0.8), sharex=True, squeeze=False)
-    for ax, (layer, (k1, k2)) in zip(axes[:, 0], rows.items()):
+    for ax, (layer, (k1, k2)) in zip(axes[:, 0], rows.items(), strict=True):
         w = (len(k1) - 1) // 2
         x = np.arange(-w, w + 1)
         ax.plot(x, k1, lw=1.2, color="tab:blue", label=labels[0])
