@@ -244,7 +244,7 @@ def plot_kernel_map(fwd, bwd, window: int, title: str, out: Path, layer_ids: lis
     ticks = list(range(w % step, 2 * w + 1, step))  # keeps 0 among the ticks
     ax.set_xticks(ticks, [str(t - w) for t in ticks])
     ax.set_yticks(range(n), [str(i) for i in layer_ids])
-    ax.set_xlabel("relative position (tokens; negative: forward kernel / past, positive: backward kernel / future)")
+    ax.set_xlabel("relative position (tokens)\n← forward kernel (past)  |  backward kernel (future) →")
     ax.set_ylabel("layer")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="|K̄| (min-max scaled per layer)")
@@ -276,7 +276,7 @@ def plot_kernel_compare(rows: dict, change: dict, labels: tuple[str, str], title
         ax.set_title(f"layer {layer}: relative change ‖K2−K1‖/‖K1‖ = {change[layer]['both']:.3g}", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8, loc="upper right")
-    axes[-1, 0].set_xlabel("relative position (tokens; negative: forward kernel / past, positive: backward / future)")
+    axes[-1, 0].set_xlabel("relative position (tokens)\n← forward kernel (past)  |  backward kernel (future) →")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
