@@ -159,6 +159,9 @@ def compare_kernels(run1, run2, out_dir: Path, layers=None, length: int | None =
     change ‖K2 − K1‖ / ‖K1‖ over both directions and every lag (also per direction)."""
     import numpy as np
 
+    a1, a2 = run1.recipe.model.arch, run2.recipe.model.arch
+    if a1 != a2:
+        raise UserError(f"--compare {run2.dir}: architecture '{a2}', {run1.dir} is '{a1}'; expected the same encoder")
     length = length or run1.recipe.model.max_seq_length
     f1, b1, step1 = run_kernels(run1, length)
     f2, b2, step2 = run_kernels(run2, length)
