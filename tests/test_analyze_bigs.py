@@ -143,6 +143,8 @@ def test_kernels_for_report(runs, tmp_path):
     (other / "recipe.yaml").write_text(yaml.safe_dump(raw))
     assert kernels.for_report(open_run(other), tmp_path / "x") is None
     assert not (tmp_path / "x").exists()
+    r = runner.invoke(app, ["analyze", "kernels", "--ckpt", str(pre), "--compare", str(other), "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "architecture 'gmlp'" in r.output, r.output
 
 
 # ----------------------------------------------------------------------------- flops
