@@ -52,34 +52,3 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
-
-
-def plot_kernels(fwd, bwd, window: int, title: str, out: Path) -> Path:
-    import numpy as np
-
-    """BiGS Figure 3: per layer, |K| at relative positions -window..window, min-max scaled per row.
-
-    The forward SSM reads the past, so its K[j] is drawn at relative position -j; the backward SSM
-    reads the future, so its K[j] is drawn at +j. Position 0 shows the larger of the two K[0].
-    """
-    plt = _plt()
-    w = min(window, fwd.shape[1] - 1)
-    f, b = np.abs(fwd[:, : w + 1]), np.abs(bwd[:, : w + 1])
-    rows = np.concatenate([f[:, :0:-1], np.maximum(f[:, :1], b[:, :1]), b[:, 1:]], axis=1)
-    lo, hi = rows.min(1, keepdims=True), rows.max(1, keepdims=True)
-    scaled = (rows - lo) / np.where(hi > lo, hi - lo, 1.0)
-    n_layers = rows.shape[0]
-    fig, ax = plt.subplots(figsize=(max(6, 0.35 * (2 * w + 1)), max(3, 0.3 * n_layers + 1.2)))
-    im = ax.imshow(scaled, aspect="auto", cmap="viridis", interpolation="nearest")
-    step = max(1, (2 * w + 1) // 21)
-    ticks = list(range(0, 2 * w + 1, step))
-    ax.set_xticks(ticks, [str(t - w) for t in ticks])
-    ax.set_yticks(range(n_layers), [str(i) for i in range(n_layers)])
-    ax.set_xlabel("relative position (negative: forward kernel / past, positive: backward kernel / future)")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, label="|K| (min-max scaled per layer)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
