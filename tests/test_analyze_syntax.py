@@ -286,6 +286,15 @@ def test_cola_report_and_errors(cola_run, mlm_run, tmp_path):
     report = cola.for_report(open_run(run_dir), tmp_path / "report")
     assert report["figure"] == "BiGS Figure 7" and len(report["images"]) == 1  # no annotation file: lengths only
     assert set(report["numbers"]) >= {"mcc", "1-5", "21+"}
+    import shutil
+
+    shutil.copy(cola.SAMPLE, run_dir / "cola_annotations.tsv")  # found there: Figure 9 joins the report
+    try:
+        report = cola.for_report(open_run(run_dir), tmp_path / "report")
+    finally:
+        (run_dir / "cola_annotations.tsv").unlink()
+    assert report["figure"] == cola.FIGURE and len(report["images"]) == 2
+    assert read_csv(tmp_path / "report" / "cola_categories.csv")[0]["category"] == "Simple"
     res = invoke("analyze", "cola", "--ckpt", mlm_run, code=2)
     assert "not a CoLA-finetuned run" in res.output
     res = invoke("analyze", "cola", "--ckpt", run_dir, "--bins", "5,3", code=2)

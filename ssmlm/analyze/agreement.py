@@ -8,7 +8,7 @@ of the run's vocabulary is skipped and counted, as Goldberg skipped words missin
 Stimuli files are read in the layout of Goldberg's released files (tab-separated, no header), recognised by
 their column count; ``--data`` may be given once per file:
 
-  Marvin & Linzen (2018), his ``marvin_linzen_dataset.tsv`` (4 columns):
+  Marvin & Linzen (2018), his ``marvin_linzen_dataset.tsv`` (4 columns; the sentences are the last two):
       condition  type  grammatical sentence  ungrammatical sentence
   The two sentences differ in exactly one word, the masked one (other items are skipped, as Goldberg did);
   a final "." is appended. Conditions are LM_syneval's template names (simple_agrmt, sent_comp, vp_coord, ...);
@@ -160,8 +160,11 @@ def read_stimuli(path: Path) -> list[Item]:
             if not line.strip():
                 continue
             cols = line.rstrip("\n").split("\t")
-            if len(cols) == 4:
-                good, bad = cols[2].split(), cols[3].split()
+            if len(cols) == 5 and cols[2].count(MASK) == 1 and cols[0].strip().isdigit():
+                pre, post = cols[2].split(MASK)
+                items.append(Item("attractors", str(int(cols[0])), pre.strip(), post.strip(), cols[3], cols[4]))
+            elif len(cols) >= 4:
+                good, bad = cols[-2].split(), cols[-1].split()
                 if len(good) != len(bad):
                     continue
                 diff = [i for i, (g, b) in enumerate(zip(good, bad, strict=True)) if g != b]
@@ -170,9 +173,6 @@ def read_stimuli(path: Path) -> list[Item]:
                 i = diff[0]
                 items.append(Item("marvin", canonical(cols[0]), " ".join(good[:i]), " ".join(good[i + 1 :] + ["."]),
                                   good[i], bad[i]))  # fmt: skip
-            elif len(cols) == 5 and cols[2].count(MASK) == 1 and cols[0].strip().isdigit():
-                pre, post = cols[2].split(MASK)
-                items.append(Item("attractors", str(int(cols[0])), pre.strip(), post.strip(), cols[3], cols[4]))
             else:
                 raise DataError(
                     f"{path}:{n}: expected 4 tab-separated columns (condition, type, good sentence, bad sentence) "
@@ -193,20 +193,20 @@ def encode_items(items: list[Item], tokenizer, max_len: int) -> list[dict]:
     if special["[MASK]"] is None or special["[CLS]"] is None:
         raise UserError("the run's tokenizer has no [MASK]/[CLS] token: agreement needs an MLM tokenizer")
 
-    def ids(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids if text else []
+    def ids(texts: list[str]) -> list[list[int]]:  # one batched call: the full stimuli sets are large
+        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)] if texts else []
 
-    def single(word: str) -> int | None:
-        w = ids(word)
-        return w[0] if len(w) == 1 and w[0] != special["[UNK]"] else None
-
+    words = sorted({w for item in items for w in (item.good, item.bad)})
+    single = {
+        w: e[0] if len(e) == 1 and e[0] != special["[UNK]"] else None for w, e in zip(words, ids(words), strict=True)
+    }
+    pres, posts = ids([item.pre for item in items]), ids([item.post for item in items])
     out = []
-    for item in items:
-        good, bad = single(item.good), single(item.bad)
-        pre = [special["[CLS]"], *ids(item.pre)]
-        tokens = [*pre, special["[MASK]"], *ids(item.post), special["[SEP]"]]
+    for item, pre, post in zip(items, pres, posts, strict=True):
+        good, bad = single[item.good], single[item.bad]
+        tokens = [special["[CLS]"], *pre, special["[MASK]"], *post, special["[SEP]"]]
         skip = "not one token" if good is None or bad is None else "too long" if len(tokens) > max_len else None
-        out.append({"ids": tokens, "position": len(pre), "good": good, "bad": bad, "skip": skip})
+        out.append({"ids": tokens, "position": len(pre) + 1, "good": good, "bad": bad, "skip": skip})
     return out
 
 
@@ -217,25 +217,35 @@ def score_items(model, encoded: list[dict], max_len: int, batch_size: int = 64) 
     encode task inputs by default (the official BiGS setting: its kernels have one fixed length); one compiled
     shape serves every batch. The MLM logits are read at the masked slot only.
     """
-    import jax.numpy as jnp
-    import numpy as np
     from flax import nnx
+
+    from ssmlm.progress import progress_bar
 
     forward = nnx.jit(lambda m, ids, pos: m(ids, positions=pos)[:, 0])
     scores: list[tuple[float, float] | None] = [None] * len(encoded)
     todo = [i for i, e in enumerate(encoded) if e["skip"] is None]
-    size = min(batch_size, len(todo))
-    for start in range(0, len(todo), size):
-        chunk = todo[start : start + size]
-        ids = np.zeros((size, max_len), np.int32)
-        pos = np.zeros((size, 1), np.int32)
-        for r, i in enumerate(chunk):  # rows past the chunk stay all-[PAD]; their logits are not read
-            ids[r, : len(encoded[i]["ids"])] = encoded[i]["ids"]
-            pos[r, 0] = encoded[i]["position"]
-        logits = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(pos)))
-        for r, i in enumerate(chunk):
-            scores[i] = (float(logits[r, encoded[i]["good"]]), float(logits[r, encoded[i]["bad"]]))
+    size = max(1, min(batch_size, len(todo)))
+    with progress_bar() as bar:
+        task = bar.add_task("scoring agreement items", total=len(todo))
+        for start in range(0, len(todo), size):
+            _score_batch(forward, model, encoded, todo[start : start + size], size, max_len, scores)
+            bar.advance(task, min(size, len(todo) - start))
     return scores
+
+
+def _score_batch(forward, model, encoded, chunk, size, max_len, scores) -> None:
+    """Score the items ``chunk`` (indices into ``encoded``) in one (size, max_len) batch, into ``scores``."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    ids = np.zeros((size, max_len), np.int32)
+    pos = np.zeros((size, 1), np.int32)
+    for r, i in enumerate(chunk):  # rows past the chunk stay all-[PAD]; their logits are not read
+        ids[r, : len(encoded[i]["ids"])] = encoded[i]["ids"]
+        pos[r, 0] = encoded[i]["position"]
+    logits = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(pos)))
+    for r, i in enumerate(chunk):
+        scores[i] = (float(logits[r, encoded[i]["good"]]), float(logits[r, encoded[i]["bad"]]))
 
 
 def tally(items: list[Item], scores: list) -> dict[tuple[str, str], dict]:

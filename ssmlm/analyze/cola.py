@@ -71,7 +71,10 @@ def command(
 
     run = open_run(ckpt)
     if not applies(run):
-        raise UserError(f"{run.dir}: not a CoLA-finetuned run (a {run.kind} run, task {run.info.get('task')!r})")
+        raise UserError(
+            f"{run.dir}: not a CoLA-finetuned run (a {run.kind} run, task {run.info.get('task')!r}); "
+            "finetune with --task cola"
+        )
     cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
     ann = Path(annotations).expanduser() if annotations else None
     result = analyze_cola(run, Path(out) if out else run.dir / "analysis", edges, ann, cats, split, batch_size)
