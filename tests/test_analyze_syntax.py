@@ -142,6 +142,8 @@ def test_agreement_matches_logits(mlm_run):
             assert float(r["score_bad"]) == pytest.approx(b, abs=1e-4)
     assert res["headline"]["items"] == len(expected)
     assert res["headline"]["skipped"] == sum(g is None for _, _, g, _ in expected)
+    marvin = [g > b for kind, _, g, b in expected if kind == "marvin" and g is not None]
+    assert res["headline"]["table5_accuracy"] == pytest.approx(100 * sum(marvin) / len(marvin), abs=0.01)
     for name in ("agreement_table5.png", "agreement_attractors.png"):
         assert (out / name).stat().st_size > 5000
     assert "| Simple |" in (out / "agreement_table5.md").read_text()

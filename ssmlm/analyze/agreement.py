@@ -131,7 +131,8 @@ def for_report(run, out_dir: Path) -> dict | None:
     if not applies(run):
         return None
     result = analyze_agreement(run, list(SAMPLES), out_dir)
-    numbers = {"stimuli": "hand-written sample (ssmlm/analyze/data)", **result["headline"]}
+    numbers = {"stimuli": "hand-written sample (ssmlm/analyze/data)"}
+    numbers.update({k: "n/a" if v is None else v for k, v in result["headline"].items()})
     return {
         "title": "Agreement (Goldberg's protocol, sample stimuli)",
         "figure": FIGURE,
@@ -299,16 +300,17 @@ def analyze_agreement(run, paths: list[Path], out_dir: Path, batch_size: int = 6
         "attractors": write_csv(out_dir / "agreement_attractors.csv", ATTRACTOR_COLUMNS, attractors),
         "items": write_items(out_dir / "agreement_items.csv", items, encoded, scores),
     }
-    md = out_dir / "agreement_table5.md"
-    md.write_text(markdown(table, f"{run.dir.name} (step {meta['step']})"))
     title = f"{run.dir.name} (step {meta['step']})"
+    md = out_dir / "agreement_table5.md"
+    md.write_text(markdown(table, title))
     png5 = plot_table5(table, title, out_dir / "agreement_table5.png")
     png8 = plot_attractors(attractors, title, out_dir / "agreement_attractors.png")
-    scored = [s for s in scores if s is not None]
+    marvin = [s for item, s in zip(items, scores, strict=True) if item.kind == "marvin" and s is not None]
     headline = {
         "items": len(items),
-        "skipped": len(items) - len(scored),
-        "accuracy": round(100.0 * sum(g > b for g, b in scored) / len(scored), 2) if scored else None,
+        "skipped": sum(s is None for s in scores),
+        # Marvin & Linzen accuracy over every scored item (micro average of Table 5's rows)
+        "table5_accuracy": round(100.0 * sum(g > b for g, b in marvin) / len(marvin), 2) if marvin else None,
         **{f"attractors={r['attractors']}": r["accuracy"] for r in attractors},
     }
     return {"plot_table5": str(png5), "plot_attractors": str(png8), "table5_markdown": str(md),
