@@ -222,55 +222,53 @@ def analyze_cola(
 ) -> dict:
     from ssmlm.evaluate.metrics import matthews
 
-    # a malformed annotation file fails before the model runs and before anything is written
+    # a malformed or unmatched annotation file fails before anything is written
     names, shows = read_annotations(annotations, categories) if annotations is not None else ([], {})
     sentences, gold, pred, step = predict(run, split, batch_size)
+    keys = [normalize(s) for s in sentences]
+    matched = [i for i, k in enumerate(keys) if k in shows]
+    if annotations is not None and not matched:
+        raise DataError(f"{annotations}: none of its sentences is in the run's {split} split")
+
     words = [len(s.split()) for s in sentences]
     bins = length_bins(edges)
     by_length = {label: [i for i, w in enumerate(words) if w >= lo and (hi is None or w <= hi)]
                  for label, lo, hi in bins}  # fmt: skip
-    length_rows = [{"bin": r["group"], "lo": lo, "hi": hi if hi else "", **{k: r[k] for k in ("n", "mcc", "accuracy")}}
-                   for r, (_, lo, hi) in zip(score_groups(by_length, gold, pred), bins, strict=True)]  # fmt: skip
+    scored = zip(score_groups(by_length, gold, pred), bins, strict=True)
+    length_rows = [{"bin": r["group"], "lo": lo, "hi": hi or "", **{k: r[k] for k in ("n", "mcc", "accuracy")}}
+                   for r, (_, lo, hi) in scored]  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"{run.dir.name} (step {step}, {split})"
     overall = round(matthews(pred, gold), 6)
+    length_csv = write_csv(out_dir / "cola_length.csv", ("bin", "lo", "hi", "n", "mcc", "accuracy"), length_rows)
+    length_png = plot_bars(length_rows, "bin", overall, "sentence length (words)",
+                           f"CoLA MCC by sentence length (BiGS Figure 7): {title}",
+                           out_dir / "cola_length.png")  # fmt: skip
     result = {
         "mcc": overall,
         "examples": len(sentences),
         "mcc_by_length": {r["bin"]: r["mcc"] for r in length_rows},
-        "length": str(write_csv(out_dir / "cola_length.csv", ("bin", "lo", "hi", "n", "mcc", "accuracy"), length_rows)),
-        "plot_length": str(
-            plot_bars(
-                length_rows,
-                "bin",
-                overall,
-                "sentence length (words)",
-                f"CoLA MCC by sentence length (BiGS Figure 7): {title}",
-                out_dir / "cola_length.png",
-            )
-        ),  # fmt: skip
+        "length": str(length_csv),
+        "plot_length": str(length_png),
     }
     shown = None
     if annotations is not None:
-        keys = [normalize(s) for s in sentences]
-        matched = [i for i, k in enumerate(keys) if k in shows]
-        if not matched:
-            raise DataError(f"{annotations}: none of its sentences is in the run's {split} split")
         shown = [shows.get(k, set()) for k in keys]
         groups = {c: [i for i in matched if c in shown[i]] for c in names}
-        cat_rows = [{"category": r["group"], **{k: r[k] for k in ("n", "mcc", "accuracy")}}
+        cat_rows = [{"category": r["group"], "n": r["n"], "mcc": r["mcc"], "accuracy": r["accuracy"]}
                     for r in score_groups(groups, gold, pred)]  # fmt: skip
         matched_mcc = round(matthews(pred[matched], gold[matched]), 6)
+        cat_csv = write_csv(out_dir / "cola_categories.csv", ("category", "n", "mcc", "accuracy"), cat_rows)
+        cat_png = plot_bars(cat_rows, "category", matched_mcc, "phenomenon (Warstadt & Bowman 2019)",
+                            f"CoLA MCC by phenomenon (BiGS Figure 9): {title}", out_dir / "cola_categories.png",
+                            horizontal=True)  # fmt: skip
         result.update({
             "annotated": len(matched),
             "annotations_unmatched": len(set(shows) - set(keys)),
             "mcc_annotated": matched_mcc,
             "mcc_by_category": {r["category"]: r["mcc"] for r in cat_rows},
-            "categories": str(write_csv(out_dir / "cola_categories.csv", ("category", "n", "mcc", "accuracy"),
-                                        cat_rows)),
-            "plot_categories": str(plot_bars(cat_rows, "category", matched_mcc, "phenomenon (Warstadt & Bowman 2019)",
-                                             f"CoLA MCC by phenomenon (BiGS Figure 9): {title}",
-                                             out_dir / "cola_categories.png", horizontal=True)),
+            "categories": str(cat_csv),
+            "plot_categories": str(cat_png),
         })  # fmt: skip
     pred_rows = [{"index": i, "sentence": s, "words": words[i], "label": int(gold[i]), "prediction": int(pred[i]),
                   "categories": "" if shown is None else ";".join(sorted(shown[i]))}
