@@ -174,7 +174,7 @@ def lm_run(tmp_path_factory):
         "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "num_heads": 2,
                   "max_seq_length": 64},
         "data": {"source": str(corpus), "vocab_size": 300},
-        "objective": {"mixture": "birdie", "min_sample_space": 16},
+        "objective": {"mixture": "birdie_fixed", "min_sample_space": 16},
         "train": {"steps": 2, "batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
                   "out_dir": str(tmp / "runs")},
     }  # fmt: skip
