@@ -14,7 +14,7 @@ PRETRAIN = sorted(set(builtin_recipes()) - FINETUNE)
 
 SMALL = [
     "model.hidden_size=16", "model.num_layers=1", "model.intermediate_size=32", "model.max_seq_length=32",
-    "data.vocab_size=150",
+    "data.vocab_size=150", "data.validation_fraction=0.1",
     "objective.duplicate_factor=1", "objective.max_predictions=5", "train.steps=2", "train.batch_size=4",
     "train.eval_every=0", "train.checkpoint_every=0", "train.grad_accum=1",
 ]  # fmt: skip
