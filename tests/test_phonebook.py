@@ -261,26 +261,31 @@ def test_score_book_by_position():
     gold = ["111-222-3333", "444-555-6666", "777-888-9999"]
     assert parse_numbers("x 111-222-3333,444-555-6666 12-345-6789 777-888-99990") == gold[:2] + ["777-888-9999"]
     assert score_book("111-222-3333, 444-555-6666, 777-888-9999", gold) == {
-        "queries": 3, "correct": 3, "all_correct": True}  # fmt: skip
+        "queries": 3, "correct": 3, "all_correct": True, "digits": 30, "digits_correct": 30}  # fmt: skip
     assert score_book("444-555-6666, 111-222-3333, 777-888-9999", gold)["correct"] == 1  # order matters
-    assert score_book("111-222-3333", gold) == {"queries": 3, "correct": 1, "all_correct": False}
+    assert score_book("111-222-3333", gold) == {
+        "queries": 3, "correct": 1, "all_correct": False, "digits": 30, "digits_correct": 10}  # fmt: skip
     assert score_book("", gold)["correct"] == 0
+    # digits count position by position within the j-th number: 3 of 10 right here, none for the missing two
+    assert score_book("191-000-0030", gold)["digits_correct"] == 3
 
 
 def test_summarize_tables():
     recs = [
-        {"entries": 10, "queries": 1, "correct": 1, "all_correct": True},
-        {"entries": 12, "queries": 2, "correct": 1, "all_correct": False},
-        {"entries": 300, "queries": 2, "correct": 2, "all_correct": True},
-        {"entries": 700, "queries": 4, "correct": 0, "all_correct": False},
+        {"entries": 10, "queries": 1, "correct": 1, "all_correct": True, "digits": 10, "digits_correct": 10},
+        {"entries": 12, "queries": 2, "correct": 1, "all_correct": False, "digits": 20, "digits_correct": 15},
+        {"entries": 300, "queries": 2, "correct": 2, "all_correct": True, "digits": 20, "digits_correct": 20},
+        {"entries": 700, "queries": 4, "correct": 0, "all_correct": False, "digits": 40, "digits_correct": 4},
     ]
     m = summarize(recs)
     assert m["books"] == 4 and m["numbers"] == 9
     assert m["number_accuracy"] == pytest.approx(4 / 9) and m["all_correct"] == pytest.approx(0.5)
     assert list(m["by_queries"]) == ["1", "2", "4"]
-    assert m["by_queries"]["2"] == {"books": 2, "number_accuracy": 0.75, "all_correct": 0.5}
+    assert m["digit_accuracy"] == pytest.approx(49 / 90)
+    assert m["by_queries"]["2"] == {"books": 2, "number_accuracy": 0.75, "all_correct": 0.5, "digit_accuracy": 35 / 40}
     assert list(m["by_entries"]) == ["8-15", "256-511", "512+"]
-    assert m["by_entries"]["8-15"] == {"books": 2, "number_accuracy": pytest.approx(2 / 3), "all_correct": 0.5}
+    assert m["by_entries"]["8-15"] == {
+        "books": 2, "number_accuracy": pytest.approx(2 / 3), "all_correct": 0.5, "digit_accuracy": 25 / 30}  # fmt: skip
     assert [entry_bin(n) for n in (1, 7, 8, 15, 16, 800)] == ["1-7", "1-7", "8-15", "8-15", "16-31", "512+"]
 
 

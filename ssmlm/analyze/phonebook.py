@@ -3,7 +3,7 @@
 Reads each run's newest ``RUN/eval/phonebook-*.json`` (written by `ssmlm evaluate --task phonebook`: {"run",
 "task": "phonebook", "metrics": ``ssmlm.evaluate.retrieval.summarize``, "records"}) and draws per-number accuracy
 against the number of queried numbers (left, the paper's x-axis) and against the book's entry count (right), one
-line per run; the same numbers go to a CSV.
+line per run (digit accuracy dashed beside it); the same numbers go to a CSV.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [
         {"run": name, "axis": table, "bin": key, "books": v["books"],
-         "number_accuracy_pct": 100 * v["number_accuracy"], "all_correct_pct": 100 * v["all_correct"]}
+         "number_accuracy_pct": 100 * v["number_accuracy"], "all_correct_pct": 100 * v["all_correct"],
+         "digit_accuracy_pct": None if v.get("digit_accuracy") is None else 100 * v["digit_accuracy"]}
         for name, res in results.items() for table in TABLES for key, v in res["metrics"][table].items()
     ]  # fmt: skip
     csv_path = out_dir / "phonebook.csv"
@@ -93,13 +94,18 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
             tab = res["metrics"][table]
             xs = sorted(tab, key=_lower)
             ys = [100 * tab[x]["number_accuracy"] for x in xs]
-            ax.plot([where[x] for x in xs], ys, "o-", label=name, clip_on=False)  # markers at 0 / 100 whole
+            (line,) = ax.plot([where[x] for x in xs], ys, "o-", label=name, clip_on=False)  # 0 / 100 markers whole
+            # digit accuracy (chance 10%): a graded signal while whole numbers are still all wrong
+            dx = [x for x in xs if tab[x].get("digit_accuracy") is not None]
+            if dx:
+                dy = [100 * tab[x]["digit_accuracy"] for x in dx]
+                ax.plot([where[x] for x in dx], dy, "x--", color=line.get_color(), alpha=0.7, label=f"{name}: digits")
         if table == "by_entries":
             ax.set_xticks(range(len(keys)), keys)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(label)
-        ax.set_ylabel("per-number accuracy (%)")
+        ax.set_ylabel("accuracy (%): whole numbers, digits dashed")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -119,4 +125,4 @@ def for_report(run, out_dir: Path) -> dict | None:
     m = latest_evaluation(run.dir)["metrics"]
     return {"title": "Phone-book retrieval", "figure": FIGURE, "images": [r["plot"]], "data": [r["data"]],
             "numbers": {"books": m["books"], "per-number accuracy": m["number_accuracy"],
-                        "all numbers right": m["all_correct"]}}  # fmt: skip
+                        "all numbers right": m["all_correct"], "digit accuracy": m.get("digit_accuracy")}}  # fmt: skip

@@ -21,11 +21,19 @@ def parse_numbers(text: str) -> list[str]:
 
 
 def score_book(generated: str, book_numbers: list[str]) -> dict:
-    """{queries, correct, all_correct}: queried number j is correct iff the j-th number parsed from ``generated``
-    equals ``book_numbers[j]`` (a missing, extra-early or reordered number counts as wrong)."""
+    """{queries, correct, all_correct, digits, digits_correct}: queried number j is correct iff the j-th number
+    parsed from ``generated`` equals ``book_numbers[j]`` (a missing, extra-early or reordered number counts as
+    wrong); its digits are compared position by position with the same j-th number (missing: none right)."""
     got = parse_numbers(generated)
     correct = sum(j < len(got) and got[j] == gold for j, gold in enumerate(book_numbers))
-    return {"queries": len(book_numbers), "correct": correct, "all_correct": correct == len(book_numbers)}
+    digits = sum(sum(c.isdigit() for c in gold) for gold in book_numbers)
+    digits_correct = sum(
+        sum(a == b and a.isdigit() for a, b in zip(got[j], gold, strict=True))
+        for j, gold in enumerate(book_numbers)
+        if j < len(got)
+    )
+    return {"queries": len(book_numbers), "correct": correct, "all_correct": correct == len(book_numbers),
+            "digits": digits, "digits_correct": digits_correct}  # fmt: skip
 
 
 def entry_bin(entries: int) -> str:
@@ -35,12 +43,18 @@ def entry_bin(entries: int) -> str:
     return f"{lo}+" if i == len(ENTRY_BINS) - 1 else f"{lo}-{ENTRY_BINS[i + 1] - 1}"
 
 
+def _digit_accuracy(records: list[dict]) -> float | None:
+    digits = sum(r.get("digits", 0) for r in records)
+    return sum(r.get("digits_correct", 0) for r in records) / digits if digits else None
+
+
 def _table(groups: dict) -> dict:
     return {
         key: {
             "books": len(rs),
             "number_accuracy": sum(r["correct"] for r in rs) / max(1, sum(r["queries"] for r in rs)),
             "all_correct": sum(bool(r["all_correct"]) for r in rs) / len(rs),
+            "digit_accuracy": _digit_accuracy(rs),
         }
         for key, rs in groups.items()
     }
@@ -62,6 +76,7 @@ def summarize(records: list[dict]) -> dict:
         "numbers": queries,
         "number_accuracy": sum(r["correct"] for r in records) / max(1, queries),
         "all_correct": sum(bool(r["all_correct"]) for r in records) / max(1, len(records)),
+        "digit_accuracy": _digit_accuracy(records),
         "by_queries": _table(by_k),
         "by_entries": _table(by_n),
     }
