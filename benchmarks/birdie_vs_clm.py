@@ -51,11 +51,14 @@ def last(path: Path, split: str, key: str) -> float | None:
 
 
 def train_minutes(path: Path) -> float:
-    """Minutes from a run's first to its last metrics row (its training time, also after a resume, when the
-    ssmlm command itself only reloads the finished run)."""
-    times = [json.loads(ln).get("time") for ln in path.read_text().splitlines() if ln.strip()]
-    times = [t for t in times if t is not None]
-    return (max(times) - min(times)) / 60 if times else 0.0
+    """A run's training time in minutes from its metrics rows' timestamps. A gap over 5× the median between
+    rows is an interruption (the run was stopped and resumed later) and counts as one median gap."""
+    times = sorted(t for ln in path.read_text().splitlines() if ln.strip() and (t := json.loads(ln).get("time")))
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    if not gaps:
+        return 0.0
+    median = sorted(gaps)[len(gaps) // 2]
+    return sum(g if g <= 5 * median else median for g in gaps) / 60
 
 
 def main() -> None:

@@ -226,6 +226,7 @@ def plot(table: list[dict], out: Path) -> Path:
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
     plt.close(fig)
     return out
 

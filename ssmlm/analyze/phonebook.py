@@ -113,6 +113,7 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
     fig.tight_layout()
     png = out_dir / "phonebook.png"
     fig.savefig(png, dpi=120)
+    fig.savefig(png.with_suffix(".svg"))  # vector copy for papers and slides
     plt.close(fig)
     return {"plot": str(png), "data": str(csv_path), "evaluations": {n: r["file"] for n, r in results.items()}}
 

@@ -103,6 +103,7 @@ def plot(table: list[dict], out: Path) -> Path:
     fig.suptitle("SQuAD v2, answerable questions, by context length")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
     plt.close(fig)
     return out
 

@@ -214,6 +214,7 @@ def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
     plt.close(fig)
     return out
 
