@@ -326,6 +326,21 @@ def test_existing_run_with_another_recipe_is_refused_and_kept(trained):
     assert snapshot(trained.run) == before
 
 
+def test_finished_run_asked_again_reports_its_own_metrics(trained):
+    # the final checkpoint keeps training and validation metrics apart (for an LM both have a "loss"), so the
+    # summary of a finished run started again shows the same numbers under the same names
+    run = trained.run.parent / "again"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(trained.run, run)
+    before = json.loads((run / "summary.json").read_text())
+    r = invoke("pretrain", trained.recipe, "--name", "again", "-q")
+    assert r.exit_code == 0, r.output
+    after = json.loads((run / "summary.json").read_text())
+    assert after["start_step"] == after["final_step"] == 4
+    assert before["validation"] and after["validation"] == before["validation"]
+    assert after["train"] == before["train"] and set(after["train"]).isdisjoint(after["validation"])
+
+
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 

@@ -243,7 +243,8 @@ def run(
         control = Schedule(first, first, 0)
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
     start = 0
-    last: dict[str, float] = {}
+    last: dict[str, float] = {}  # the newest training metrics
+    last_eval: dict[str, float] = {}  # the newest validation metrics, kept apart (both may hold "loss")
     # Abstract targets carry this run's shardings, so a checkpoint from another mesh reshards on load.
     target = lambda tree, sh: jax.tree.map(  # noqa: E731
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
@@ -261,6 +262,7 @@ def run(
         if control is not None:
             control = Schedule.from_tree(control_tree)
         last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
+        last_eval = {k: v for k, v in meta.get("validation", {}).items() if isinstance(v, float)}
         log.truncate_after(start)
         console.print(
             f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True
@@ -285,7 +287,8 @@ def run(
         if step in saved:  # e.g. a periodic save right before a stop at the same step
             return
         saved.add(step)
-        meta = {"step": step, "data_position": step, "skipped_steps": skipped_total, **manifest, "metrics": metrics}
+        meta = {"step": step, "data_position": step, "skipped_steps": skipped_total, **manifest, "metrics": metrics,
+                "validation": eval_metrics or {}}
         ckpt.save(step, params, opt_state, meta, eval_metrics, control.to_tree() if control is not None else None)
         _call(hooks, "on_checkpoint", step)
 
@@ -310,7 +313,7 @@ def run(
         return stage.batches(step, control.at(step) if control is not None else None)
 
     summary: dict[str, Any] = {"kind": stage.kind, "start_step": start, "total_steps": total}
-    eval_metrics: dict[str, float] = {}
+    eval_metrics: dict[str, float] = last_eval  # a finished run asked again reports its last evaluation
     step = start
     skipped_total = int(meta.get("skipped_steps", 0)) if latest is not None else 0
     t_start = time.time()
@@ -403,7 +406,7 @@ def run(
         summary["stopped_early"] = True
     elif step > start or latest is None:
         eval_metrics = evaluate(step)
-        save(step, {**last, **eval_metrics}, eval_metrics or None)
+        save(step, last, eval_metrics or None)
     ckpt.close()
     summary.update(
         final_step=step,
