@@ -100,6 +100,8 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
             if dx:
                 dy = [100 * tab[x]["digit_accuracy"] for x in dx]
                 ax.plot([where[x] for x in dx], dy, "x--", color=line.get_color(), alpha=0.7, label=f"{name}: digits")
+        if any(v.get("digit_accuracy") is not None for res in results.values() for v in res["metrics"][table].values()):
+            ax.axhline(10, color="grey", ls=":", lw=1, label="digit chance (10%)")
         if table == "by_entries":
             ax.set_xticks(range(len(keys)), keys)
         else:
@@ -108,7 +110,7 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
         ax.set_ylabel("accuracy (%): whole numbers, digits dashed")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     fig.suptitle("Phone-number retrieval (Birdie Figure 1)")
     fig.tight_layout()
     png = out_dir / "phonebook.png"

@@ -287,8 +287,14 @@ def run(
         if step in saved:  # e.g. a periodic save right before a stop at the same step
             return
         saved.add(step)
-        meta = {"step": step, "data_position": step, "skipped_steps": skipped_total, **manifest, "metrics": metrics,
-                "validation": eval_metrics or {}}
+        meta = {
+            "step": step,
+            "data_position": step,
+            "skipped_steps": skipped_total,
+            **manifest,
+            "metrics": metrics,
+            "validation": eval_metrics or {},
+        }
         ckpt.save(step, params, opt_state, meta, eval_metrics, control.to_tree() if control is not None else None)
         _call(hooks, "on_checkpoint", step)
 
