@@ -77,8 +77,15 @@ def test_initialisation_is_the_unrolled_one_after_stacking():
         assert_same(layout.to_layout(params(scanned), params(unrolled)), params(unrolled), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("remat", [False, True])
-@pytest.mark.parametrize("arch", ARCHS)
+# remat under scan for every family is slow-marked beyond one SSM and one attention family (CI time)
+SCAN_CASES = [
+    pytest.param(a, r, marks=[pytest.mark.slow] if r and a not in ("bigs", "bert") else [], id=f"{a}-{r}")
+    for a in ARCHS
+    for r in (False, True)
+]
+
+
+@pytest.mark.parametrize("arch, remat", SCAN_CASES)
 def test_scanned_and_unrolled_give_the_same_logits_and_gradients(arch, remat):
     kw = dict(remat=remat, stack_norm="post") if arch == "bert" else dict(remat=remat)
     unrolled = nontrivial(build_mlm(tiny(arch, False, **kw), seed=0))
