@@ -1,6 +1,6 @@
 """Birdie against next-token prediction, tiny and on CPU: does the training procedure change phone-book retrieval?
 
-    python benchmarks/birdie_vs_clm.py [--steps 400] [--finetune-steps 150] [--books 48] [--out runs/birdie_vs_clm]
+    python benchmarks/birdie_vs_clm.py [--steps 400] [--finetune-steps 100] [--books 40] [--out runs/birdie_vs_clm]
 
 Four Gated SSMs (recipes lm_tiny: d 128, 4 layers, rows of 256 tokens, batch 16) are pretrained on the built-in
 corpus with the same steps and data, differing only in the procedure (Birdie paper Fig. 1B):
@@ -64,8 +64,8 @@ def train_minutes(path: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=400, help="pretraining steps per arm")
-    ap.add_argument("--finetune-steps", type=int, default=150)
-    ap.add_argument("--books", type=int, default=48, help="held-out books scored per arm")
+    ap.add_argument("--finetune-steps", type=int, default=100)
+    ap.add_argument("--books", type=int, default=40, help="held-out books scored per arm")
     ap.add_argument("--out", default="runs/birdie_vs_clm")
     ap.add_argument("--arms", default=",".join(ARMS))
     a = ap.parse_args()
