@@ -108,3 +108,21 @@ def test_analyze_mixture_on_a_fixed_mixture_run_is_a_clear_error(tmp_path):
     (tmp_path / "recipe.yaml").write_text("name: x\n")
     r = invoke("analyze", "mixture", "--ckpt", tmp_path, ok=False)
     assert r.exit_code != 0 and "objective.mixture: birdie" in r.output and "Traceback" not in r.output
+
+
+def test_report_entry_only_where_the_run_made_choices(runs, tmp_path):
+    # a run finetuned from a Birdie run keeps its source's recipe but logged no controller records of its own:
+    # the report leaves the mixture out instead of showing an error
+    import shutil
+
+    from ssmlm.analyze.mixture import for_report
+    from ssmlm.runs import open_run
+
+    entry = for_report(open_run(runs / "whole"), tmp_path / "a")
+    # every record but the first (the initial action, step 0) follows an evaluation
+    assert entry["numbers"]["controller updates"] == len(records(runs / "whole", "controller")) - 1
+    copy = tmp_path / "finetuned"
+    shutil.copytree(runs / "whole", copy)
+    rows = [ln for ln in (copy / "metrics.jsonl").read_text().splitlines() if '"controller"' not in ln]
+    (copy / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    assert for_report(open_run(copy), tmp_path / "b") is None

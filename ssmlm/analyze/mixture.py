@@ -125,6 +125,9 @@ def for_report(run, out_dir: Path) -> dict | None:
     """The report's entry: the mixture figure of a run trained with objective.mixture: birdie."""
     if run.recipe.objective.kind != "lm" or run.recipe.objective.mixture != "birdie":
         return None
+    metrics = run.dir / "metrics.jsonl"  # a finetuned run keeps its source's recipe but made no choices itself
+    if not metrics.is_file() or '"split": "controller"' not in metrics.read_text():
+        return None
     r = analyze_mixture(run.dir, out_dir)
     numbers = {f"final share: {c.replace('_', ' ')}": f"{v:.3f}" for c, v in r["final_share"].items()}
     return {"title": "Birdie's objective mixture over training", "figure": FIGURE, "images": [r["plot"]],
