@@ -83,6 +83,8 @@ def test_lm_task_errors_are_one_line(lm_run, tmp_path):
     assert r.exit_code != 0 and "--validation-file" in r.output and "Traceback" not in r.output
     r = invoke("evaluate", "--ckpt", run, "--task", "squad_v2", ok=False)  # offline, no local files
     assert r.exit_code != 0 and "--data-dir" in r.output and "Traceback" not in r.output
+    r = invoke("evaluate", "--ckpt", run, "--task", "lm-eval:hellaswag", "--limit", 2, ok=False)  # hub task, offline
+    assert r.exit_code != 0 and "--data-dir" in r.output and "Traceback" not in r.output
 
 
 def test_squad_and_infilling_evaluations(lm_run, tmp_path):

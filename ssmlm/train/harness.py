@@ -182,15 +182,21 @@ def run_harness(
         raise UserError("lm-eval: name at least one task (--task lm-eval:TASK1,TASK2)")
     manager = task_manager(tasks, include_path)
     lm = SsmlmLM(ckpt, mode=mode, batch_size=batch_size, step=step)
-    return lm_eval.simple_evaluate(
-        model=lm,
-        tasks=list(tasks),
-        num_fewshot=num_fewshot,
-        limit=limit,
-        task_manager=manager,
-        log_samples=False,
-        bootstrap_iters=bootstrap_iters,
-    )
+    try:
+        return lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=manager,
+            log_samples=False,
+            bootstrap_iters=bootstrap_iters,
+        )
+    except ConnectionError as e:  # datasets' "Couldn't reach … on the Hub" (offline mode included)
+        raise UserError(
+            f"lm-eval:{','.join(tasks)}: the task data could not be loaded ({e}); without network, pass "
+            "--data-dir DIR with task YAMLs whose dataset_path / data_files point at local files"
+        ) from None
 
 
 def lm_eval_cli() -> None:
