@@ -274,7 +274,7 @@ def markdown(table: list[dict]) -> str:
 
 def plot(table: list[dict], out: Path, agreed: bool) -> Path:
     """Accuracy (%) against distractor length, one line per run (the paper's H P vs H ~ P, at several D)."""
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -291,9 +291,7 @@ def plot(table: list[dict], out: Path, agreed: bool) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
-    plt.close(fig)
+    save_figure(fig, out)
     return out
 
 

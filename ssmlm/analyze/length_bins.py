@@ -199,7 +199,7 @@ def analyze_length_bins(runs, out_dir: Path, edges=DEFAULT_EDGES, split="validat
 
 def plot(table: list[dict], out: Path) -> Path:
     """Grouped bars: accuracy (%) per length bin, one colour per run, each bar labelled with its example count."""
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
     labels = list(dict.fromkeys(r["bin"] for r in table))
@@ -225,9 +225,7 @@ def plot(table: list[dict], out: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
-    plt.close(fig)
+    save_figure(fig, out)
     return out
 
 

@@ -64,7 +64,7 @@ def _lower(key: str) -> int:
 
 
 def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import _plt, save_figure
 
     # legend = run name (its path where two runs share a name)
     names = [r.name for r in runs]
@@ -114,9 +114,7 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
     fig.suptitle("Phone-number retrieval (Birdie Figure 1)")
     fig.tight_layout()
     png = out_dir / "phonebook.png"
-    fig.savefig(png, dpi=120)
-    fig.savefig(png.with_suffix(".svg"))  # vector copy for papers and slides
-    plt.close(fig)
+    save_figure(fig, png)
     return {"plot": str(png), "data": str(csv_path), "evaluations": {n: r["file"] for n, r in results.items()}}
 
 

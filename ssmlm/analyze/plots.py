@@ -15,6 +15,14 @@ def _plt():
     return plt
 
 
+def save_figure(fig, png: Path, dpi: int = 120) -> Path:
+    """Write ``fig`` as ``png`` and a vector copy beside it (.svg, for papers and slides), then close it."""
+    fig.savefig(png, dpi=dpi)
+    fig.savefig(png.with_suffix(".svg"))
+    _plt().close(fig)
+    return png
+
+
 class LossPlot:
     """A training-loop hook: at the end of a stage, plot its metrics and name the file in the summary."""
 

@@ -82,11 +82,9 @@ def analyze_squad_length(run_dirs: list[Path], out_dir: Path) -> dict:
 
 def plot(table: list[dict], out: Path) -> Path:
     """Two panels (Contains Label, F1) of score against context-length bin, one line per run."""
-    import matplotlib
+    from ssmlm.analyze.plots import _plt, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     bins = sorted({(r["lo"], r["bin"]) for r in table})  # every run's bins, in length order
     x = {label: i for i, (_, label) in enumerate(bins)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
@@ -102,9 +100,7 @@ def plot(table: list[dict], out: Path) -> Path:
     axes[0].legend()
     fig.suptitle("SQuAD v2, answerable questions, by context length")
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
-    plt.close(fig)
+    save_figure(fig, out)
     return out
 
 

@@ -188,7 +188,7 @@ def analyze_transfer(run_dirs: list[Path], out_dir: Path, metric: str | None = N
 
 def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
     """Score against loss, one line per architecture, each point labelled "source @ step"."""
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -213,9 +213,7 @@ def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))  # vector copy for papers and slides
-    plt.close(fig)
+    save_figure(fig, out)
     return out
 
 
