@@ -22,7 +22,6 @@ of QNLI examples on which the stack and the gated SSM model predict the same lab
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Annotated
 import typer
 
 from ssmlm import checks
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
 
 NAME = "adversarial"
@@ -234,10 +234,7 @@ def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agre
                           "accuracy": ok / len(index)})  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "adversarial.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(table)
+    write_csv(csv_path, COLUMNS, table)
     first = runs[0]
     examples = out_dir / "adversarial_examples.json"  # what the distractors look like, for reading
     tok = first.tokenizer()

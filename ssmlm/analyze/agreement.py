@@ -26,7 +26,6 @@ by default (the official BiGS setting); a sentence longer than that is skipped a
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Annotated
 import typer
 
 from ssmlm import checks
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import DataError, UserError
 
 NAME = "agreement"
@@ -318,14 +318,6 @@ def analyze_agreement(run, paths: list[Path], out_dir: Path, batch_size: int = 6
 
 
 # ----------------------------------------------------------------------------- outputs
-
-
-def write_csv(path: Path, columns, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def write_items(path: Path, items: list[Item], encoded: list[dict], scores: list) -> Path:

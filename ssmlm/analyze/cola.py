@@ -30,6 +30,7 @@ from typing import Annotated
 import typer
 
 from ssmlm import checks
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import DataError, UserError
 
 NAME = "cola"
@@ -279,14 +280,6 @@ def analyze_cola(
 
 
 # ----------------------------------------------------------------------------- outputs
-
-
-def write_csv(path: Path, columns, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def plot_bars(rows: list[dict], key: str, overall: float, axis: str, title: str, out: Path,

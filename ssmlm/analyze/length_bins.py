@@ -10,7 +10,6 @@ Also home of the helpers the adversarial analysis shares: `task_data`, `classifi
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -20,6 +19,7 @@ from typing import Annotated
 import typer
 
 from ssmlm import checks
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
 
 NAME = "length-bins"
@@ -184,10 +184,7 @@ def analyze_length_bins(runs, out_dir: Path, edges=DEFAULT_EDGES, split="validat
     table = [row for res in results.values() for row in res["rows"]]
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "length_bins.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows({**r, "accuracy": "" if r["accuracy"] is None else r["accuracy"]} for r in table)
+    write_csv(csv_path, COLUMNS, ({**r, "accuracy": "" if r["accuracy"] is None else r["accuracy"]} for r in table))
     png = plot(table, out_dir / "length_bins.png")
     return {
         "plot": str(png),

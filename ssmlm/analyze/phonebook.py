@@ -8,7 +8,6 @@ line per run (digit accuracy dashed beside it); the same numbers go to a CSV.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +15,7 @@ from typing import Annotated
 import typer
 
 from ssmlm import checks
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
 
 NAME = "phonebook"
@@ -77,10 +77,7 @@ def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
         for name, res in results.items() for table in TABLES for key, v in res["metrics"][table].items()
     ]  # fmt: skip
     csv_path = out_dir / "phonebook.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["run"])
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(csv_path, list(rows[0]) if rows else ["run"], rows)
 
     plt = _plt()
     from matplotlib.ticker import MaxNLocator

@@ -1,7 +1,9 @@
-"""Plots written by the commands (PNG, headless). numpy and matplotlib are imported on use (see the package doc)."""
+"""Plots and tables written by the commands (PNG + SVG, CSV; headless). numpy and matplotlib are imported on
+use (see the package doc)."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -21,6 +23,15 @@ def save_figure(fig, png: Path, dpi: int = 120) -> Path:
     fig.savefig(png.with_suffix(".svg"))
     _plt().close(fig)
     return png
+
+
+def write_csv(path: Path, columns, rows) -> Path:
+    """Rows (dicts) as a CSV with the given columns, in order."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        w.writerows(rows)
+    return path
 
 
 class LossPlot:

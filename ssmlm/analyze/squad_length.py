@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
 
 NAME = "squad-length"
@@ -68,10 +68,7 @@ def analyze_squad_length(run_dirs: list[Path], out_dir: Path) -> dict:
     table = rows(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "squad_length.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(table)
+    write_csv(csv_path, COLUMNS, table)
     png = plot(table, out_dir / "squad_length.png")
     return {
         "plot": str(png),

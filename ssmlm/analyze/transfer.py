@@ -17,7 +17,6 @@ with its source run and step.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +24,7 @@ from typing import Annotated
 import typer
 
 from ssmlm import checks
+from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
 
 NAME = "transfer"
@@ -174,10 +174,7 @@ def analyze_transfer(run_dirs: list[Path], out_dir: Path, metric: str | None = N
     table = [point(d, metric) for d in run_dirs]
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "transfer.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(table)
+    write_csv(csv_path, COLUMNS, table)
     png = plot(table, out_dir / "transfer.png", bert)
     return {
         "plot": str(png),
