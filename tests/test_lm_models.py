@@ -232,7 +232,8 @@ def test_param_rules_no_decay():
     assert not ssm["blocks/0/w_i/bias"] and not ssm["blocks/0/norm/scale"] and not ssm["final_norm/scale"]
     assert ssm["blocks/0/w_i/kernel"] and ssm["blocks/0/w_out/kernel"] and ssm["embeddings/embedding"]
     plus = decays("gated_ssm_plus")
-    assert not plus["blocks/0/ssm/w_f/kernel"] and not plus["blocks/0/conv/bias"] and plus["blocks/0/conv/kernel"]
+    assert not plus["blocks/0/w_f/kernel"] and not plus["blocks/0/conv/bias"] and plus["blocks/0/conv/kernel"]
+    assert plus["blocks/0/w_z_gate/kernel"] and plus["blocks/0/w_out_gate/kernel"] and not plus["blocks/0/w_f/bias"]
     hawk = decays("hawk")
     for name in ["rg_lru/a_param", "rg_lru/w_a/kernel", "rg_lru/w_x/kernel", "rg_lru/w_a/bias", "conv/bias",
                  "norm/scale", "mlp/norm/scale"]:  # fmt: skip

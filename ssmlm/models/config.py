@@ -27,7 +27,7 @@ FAMILIES = {
     "gmlp": "ssmlm.models.gmlp",  # "Pay Attention to MLPs"
     "amlp": "ssmlm.models.gmlp",  # gMLP + one tiny attention head
     "gated_ssm": "ssmlm.models.lm",  # Birdie: fused Gated SSM (paper §3.4, A.16.1)
-    "gated_ssm_plus": "ssmlm.models.lm",  # Birdie: Gated SSM + Conv1D + MLP (an assumption; notes §4.4)
+    "gated_ssm_plus": "ssmlm.models.lm",  # Birdie: Gated SSM+ (paper App. E.2: Conv1D, gated z, separate MLP)
     "hawk": "ssmlm.models.lm",  # Birdie: Hawk / RG-LRU (Griffin)
     "transformer_lm": "ssmlm.models.lm",  # Birdie: prefix-LM Transformer baseline
 }
@@ -159,10 +159,17 @@ class LMConfig(ModelConfig):
     # The Transformer's prefix-LM attention is on in every layer unless this is none.
     bidirectional: Literal["alternate", "all", "none"] = "alternate"
     mlp_expansion: float = 8 / 3  # gated MLP width / d (gated_ssm_plus, hawk, transformer_lm)
-    conv_width: int = 4  # causal depthwise Conv1D before the recurrence (gated_ssm_plus, hawk)
+    conv_width: int = 4  # causal Conv1D before the recurrence (gated_ssm_plus, hawk)
+    # gated_ssm_plus: how the E.2 listing's `Conv(features=state_size, kernel_size=4)` on the block input is
+    # read: depthwise at width d (the short convolutions of the prior work §3.4 cites; default), or dense
+    # d -> N as flax's Conv literally computes (4·d·N parameters).
+    plus_conv: Literal["depthwise", "dense"] = "depthwise"
     num_heads: int = 16  # transformer_lm (head size hidden_size / num_heads)
     rope_base: float = 250_000.0  # transformer_lm
     rg_lru_c: float = 8.0  # hawk: a_t = sigma(Lambda)^(c r_t)
+    # hawk: initial Λ. paper: a^c (a at r = 1) uniform in [0.9, 0.999], as the Griffin paper's text says;
+    # recurrentgemma: DeepMind's code, the base a uniform in ring area on [0.9, 0.999], so a^c spans ~0.43-0.99.
+    rg_lru_init: Literal["paper", "recurrentgemma"] = "paper"
     norm_eps: float = 1e-6  # RMSNorm
     tie_embeddings: bool = False
 

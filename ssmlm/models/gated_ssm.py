@@ -11,10 +11,32 @@ pre-RMSNorm and the residual are our choice: the paper does not specify them; th
 exactly this layout. Gates depend on the input only, so the recurrence is one linear scan (ssmlm.models.scan),
 run in float32; in a bidirectional layer the state's second half is scanned right to left over the prefix.
 
-Gated SSM+ (GatedSSMPlusBlock) is an ASSUMPTION: the paper names it but never defines it (notes §4.4). Here it is
-the same recurrence inside a Hawk-style layout: the recurrence input z is passed through a causal depthwise
-Conv1D of width conv_width (taps masked at sample boundaries) before the recurrence, and the block is followed by
-a separate pre-norm gated MLP residual block of width round(mlp_expansion·d).
+Gated SSM+, the model of the paper's main results (§3.4, footnote 4 -> Appendix E.2, "Gated SSM Implementation"),
+with u = RMSNorm(x):
+
+    o_t  = GeLU(W_out_gate u_t)                       from the block input, before the convolution     d → N
+    u'   = Conv1D(u)                                  causal, kernel conv_width = 4, taps masked per sample
+    f_t  = σ(W_f u'_t)      z_t = (W_z u'_t) ⊙ σ(W_z_gate u'_t)                                       → N
+    h_t  = f_t ⊙ h_{t−1} + z_t
+    x_t ← x_t + W_out(o_t ⊙ h_t)                                                                       N → d
+
+then "a separate MLP block" (§3.4): x ← x + MLP(RMSNorm(x)), ssmlm.models.lm.GatedMLP of width mlp_expansion·d.
+Unlike the Gated SSM there is no input gate i_t: z carries its own sigmoid gate, as the listing writes it.
+
+How the listing's ambiguities are read:
+- Which width the convolution runs at. The listing convolves the block input x (width d) with
+  ``Conv(features=state_size, kernel_size=4)``. §3.4 says the convolution processes the inputs "as in prior
+  work" (Hyena, Mamba, Griffin), all of which use a short *depthwise* convolution; a depthwise convolution of x
+  keeps width d, so W_f, W_z and W_z_gate map d → N (``model.plus_conv: depthwise``, the default, 4·d + d
+  parameters). Read literally, flax's Conv with features=N on a d-wide input is a *dense* convolution d → N
+  (4·d·N + N parameters, more than any projection of the block) followed by N → N projections: that reading is
+  ``model.plus_conv: dense``.
+- Causality and padding: flax's Conv pads 'SAME' by default, which would let a token see three later ones in an
+  LM; the convolution here is causal (as in every cited model) and a tap never crosses a sample boundary.
+- Norms, residuals, biases: the listing shows only the mixing layer. As for the Gated SSM, a pre-RMSNorm and a
+  residual wrap it, and its Dense layers keep flax's default bias. GeLU is ``model.gelu`` (the listing imports
+  jax.nn.gelu, whose default is the tanh approximation: the Birdie recipes set ``gelu: tanh``).
+- Bidirectional layers split the state in halves exactly as the Gated SSM does (the listing is causal).
 """
 
 from __future__ import annotations
@@ -74,36 +96,53 @@ class GatedSSMBlock(nnx.Module):
 
 
 class GatedSSMPlusBlock(nnx.Module):
-    """Gated SSM+ (an assumption, see the module docstring): z_t = Conv1D(W_z u)_t, then the MLP block."""
+    """Gated SSM+ (Appendix E.2, see the module docstring), then the separate MLP block."""
 
     def __init__(self, cfg: LMConfig, bidirectional: bool, *, rngs: nnx.Rngs):
-        self.ssm = GatedSSMBlock(cfg, bidirectional, rngs=rngs)
-        self.conv = CausalConv1D(cfg, cfg.state_size, rngs=rngs)
+        d, n = cfg.hidden_size, cfg.state_size
+        halves(n, bidirectional)
+        self.bidirectional = bidirectional
+        self.state_size = n
+        self.compute_dtype = DTYPES[cfg.compute_dtype]
+        self.norm = rms_norm(cfg, d, rngs)
+        self.w_out_gate = linear(cfg, d, n, rngs)
+        dense = cfg.plus_conv == "dense"
+        self.conv = CausalConv1D(cfg, d, features=n if dense else None, rngs=rngs)
+        c = n if dense else d  # width of the convolved input u'
+        self.w_f = linear(cfg, c, n, rngs)
+        self.w_z = linear(cfg, c, n, rngs)
+        self.w_z_gate = linear(cfg, c, n, rngs)
+        self.w_out = linear(cfg, n, d, rngs)
         self.mlp = GatedMLP(cfg, rngs=rngs)
+        self.act = gelu(cfg)
+
+    def gates(self, u, uc):
+        """(f, z, o) from the normalised input u and its convolution uc."""
+        z = self.w_z(uc) * jax.nn.sigmoid(self.w_z_gate(uc))
+        return jax.nn.sigmoid(self.w_f(uc)), z, self.act(self.w_out_gate(u))
 
     def mix(self, x, ctx: Context):
-        s = self.ssm
-        f, z_in, i, o = s.gates(x)
-        z = self.conv(z_in, ctx.segment_ids)
-        h = bidirectional_scan(f, i * z, ctx, s.bidirectional)
-        return x + s.w_out(o * h.astype(o.dtype)), h, z_in
+        """(residual output before the MLP, all states (B, L, N) float32, the convolution's input u)."""
+        u = self.norm(x)
+        f, z, o = self.gates(u, self.conv(u, ctx.segment_ids))
+        h = bidirectional_scan(f, z, ctx, self.bidirectional)
+        return x + self.w_out(o * h.astype(o.dtype)), h, u
 
     def __call__(self, x, ctx: Context):
         return self.mlp(self.mix(x, ctx)[0])
 
     def init_cache(self, batch: int, max_len: int) -> dict:
-        s = self.ssm
-        conv = jnp.zeros((batch, self.conv.width - 1, s.state_size), s.compute_dtype)
-        return {"h": jnp.zeros((batch, s.state_size), jnp.float32), "conv": conv}
+        conv = jnp.zeros((batch, self.conv.width - 1, self.conv.kernel.shape[1]), self.compute_dtype)
+        return {"h": jnp.zeros((batch, self.state_size), jnp.float32), "conv": conv}
 
     def prefill(self, x, ctx: Context, cache: dict):
-        y, h, z_in = self.mix(x, ctx)
-        return self.mlp(y), {"h": h[:, -1], "conv": self.conv.tail(z_in).astype(cache["conv"].dtype)}
+        y, h, u = self.mix(x, ctx)
+        return self.mlp(y), {"h": h[:, -1], "conv": self.conv.tail(u).astype(cache["conv"].dtype)}
 
     def step(self, x, cache: dict, pos):
-        s = self.ssm
-        f, z_in, i, o = s.gates(x)
-        z, tail = self.conv.step(z_in.astype(cache["conv"].dtype), cache["conv"])
-        h = bidirectional_step(f, i * z, cache["h"], s.bidirectional)
-        y = x + s.w_out(o * h.astype(o.dtype))
+        u = self.norm(x)
+        uc, tail = self.conv.step(u.astype(cache["conv"].dtype), cache["conv"])
+        f, z, o = self.gates(u, uc)
+        h = bidirectional_step(f, z, cache["h"], self.bidirectional)
+        y = x + self.w_out(o * h.astype(o.dtype))
         return self.mlp(y), {"h": h, "conv": tail}

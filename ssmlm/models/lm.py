@@ -104,26 +104,32 @@ class GatedMLP(nnx.Module):
 
 
 class CausalConv1D(nnx.Module):
-    """Depthwise causal convolution y_t = b + Σ_k w_k ⊙ x_{t−k}, k < width, over (B, L, C).
+    """Causal convolution y_t = b + Σ_k w_k · x_{t−k}, k < width, over (B, L, C): depthwise (w_k ⊙ x, C
+    channels out) by default, or dense (x W_k, C -> ``features``) when ``features`` is given.
 
     A tap whose source position belongs to another sample (different segment id) or lies before the row
     contributes 0, so a packed sample never sees its neighbour's tail. The paper instead leaves width−1 pad
     tokens between samples (A.11, notes §3.5); that is a data option and gives the same values."""
 
-    def __init__(self, cfg: LMConfig, channels: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: LMConfig, channels: int, *, features: int | None = None, rngs: nnx.Rngs):
         self.width = cfg.conv_width
+        self.dense = features is not None
+        shape = (self.width, channels, features) if self.dense else (self.width, channels)
         init = nnx.initializers.normal(cfg.initializer_range)
-        self.kernel = nnx.Param(init(rngs.params(), (self.width, channels), DTYPES[cfg.param_dtype]))
-        self.bias = nnx.Param(jnp.zeros((channels,), DTYPES[cfg.param_dtype]))
+        self.kernel = nnx.Param(init(rngs.params(), shape, DTYPES[cfg.param_dtype]))
+        self.bias = nnx.Param(jnp.zeros((features if self.dense else channels,), DTYPES[cfg.param_dtype]))
+
+    def tap(self, x, k: int):
+        w = self.kernel[k].astype(x.dtype)
+        return x @ w if self.dense else x * w
 
     def __call__(self, x, segment_ids):
-        w = self.kernel[...].astype(x.dtype)
-        y = jnp.broadcast_to(self.bias[...].astype(x.dtype), x.shape)
+        y = self.bias[...].astype(x.dtype)
         for k in range(self.width):
             src = jnp.pad(x, ((0, 0), (k, 0), (0, 0)))[:, : x.shape[1]]
             src_seg = jnp.pad(segment_ids, ((0, 0), (k, 0)), constant_values=-1)[:, : x.shape[1]]
             same = (src_seg == segment_ids)[..., None]
-            y = y + jnp.where(same, src, 0) * w[k]
+            y = y + self.tap(jnp.where(same, src, 0), k)
         return y
 
     def tail(self, x):
@@ -135,10 +141,9 @@ class CausalConv1D(nnx.Module):
         return x[:, x.shape[1] - keep :]
 
     def step(self, x, tail):
-        """One new input (B, C) after ``tail`` (B, width−1, C) of the same sample -> (y (B, C), new tail)."""
+        """One new input (B, C) after ``tail`` (B, width−1, C) of the same sample -> (y, new tail)."""
         window = jnp.concatenate([tail, x[:, None]], axis=1)  # oldest first: window[-1-k] is x_{t−k}
-        w = self.kernel[...].astype(x.dtype)
-        y = self.bias[...].astype(x.dtype) + sum(window[:, -1 - k] * w[k] for k in range(self.width))
+        y = self.bias[...].astype(x.dtype) + sum(self.tap(window[:, -1 - k], k) for k in range(self.width))
         return y, window[:, 1:]
 
 
@@ -248,8 +253,9 @@ def param_count_formula(cfg: LMConfig) -> dict[str, int]:
     mlp = d + 3 * d * m  # norm scale, W_gate, W_up, W_down
     if cfg.arch == "gated_ssm":  # norm, W_i W_z W_o W_f (d→N, bias), W_out (N→d, bias)
         per_layer = d + 5 * d * n + 4 * n + d
-    elif cfg.arch == "gated_ssm_plus":  # the same, a conv (width·N + N), then the MLP block
-        per_layer = d + 5 * d * n + 4 * n + d + w * n + n + mlp
+    elif cfg.arch == "gated_ssm_plus":  # norm, W_out_gate (d→N), conv, W_f W_z W_z_gate (c→N), W_out (N→d), MLP
+        c, conv = (d, w * d + d) if cfg.plus_conv == "depthwise" else (n, w * d * n + n)
+        per_layer = d + (d * n + n) + conv + 3 * (c * n + n) + (n * d + d) + mlp
     elif cfg.arch == "hawk":  # norm, W_gate W_input W_output (no bias), conv, W_a W_x (N→N, bias), Λ, MLP
         per_layer = d + 3 * d * n + w * n + n + 2 * (n * n + n) + n + mlp
     else:

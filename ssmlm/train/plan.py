@@ -29,8 +29,8 @@ def _width(cfg) -> str:
     mlp = f"mlp {cfg.mlp_expansion:.3g}x"
     parts = {
         "gated_ssm": [f"state={cfg.state_size}", "fused, no MLP"],
-        "gated_ssm_plus": [f"state={cfg.state_size}", f"conv {cfg.conv_width}", mlp],
-        "hawk": [f"state={cfg.state_size}", f"conv {cfg.conv_width}", mlp],
+        "gated_ssm_plus": [f"state={cfg.state_size}", f"conv {cfg.conv_width} {cfg.plus_conv}", mlp],
+        "hawk": [f"state={cfg.state_size}", f"conv {cfg.conv_width}", mlp, f"Λ init {cfg.rg_lru_init}"],
         "transformer_lm": [f"{cfg.num_heads} heads", mlp, f"RoPE {cfg.rope_base:g}"],
     }[cfg.arch]
     return ", ".join([*parts, f"bidirectional={cfg.bidirectional}"])
