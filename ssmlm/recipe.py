@@ -71,7 +71,9 @@ class ControllerSettings:
     max_history: int = 256  # evaluations the reward model sees (older ones are dropped)
     explore: bool = True  # code only (the paper is silent): exploration actions on a decaying schedule
     explore_style: Literal["v1", "v2"] = "v1"
-    start: Literal["uniform", "class_balanced"] = "uniform"  # the action before control starts (paper: uniform)
+    # the action before control starts: uniform = 1/n per configuration (paper A.1.4: "uniform sampling over all
+    # configurations"); class_balanced = the official v1 code's initial action, 1/7 per class, uniform within
+    start: Literal["uniform", "class_balanced"] = "uniform"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +90,8 @@ class ObjectiveConfig:
     seed: int | None = None  # None: data.seed
     # lm (the language models; ssmlm.objectives.birdie): the mixture of objective configurations, sampled
     # per packed sample: clm (next-token only), ul2 (v1 table), ul2_decoder, birdie_fixed (the Birdie grid at
-    # its initial action, frozen: a stand-in for the paper's unpublished fixed ratios), birdie (the grid; a
-    # controller moves the action while training runs).
+    # the v1 code's class-balanced initial action, frozen: a stand-in for the paper's unpublished fixed ratios),
+    # birdie (the grid, uniform over its configurations at first; a controller moves the action while training runs).
     mixture: Literal["clm", "ul2", "ul2_decoder", "birdie_fixed", "birdie"] = "clm"
     # paradigm token of the sample's objective class: at the start of the prefix, at its end half the time
     # (paper A.6), or none

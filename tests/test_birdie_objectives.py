@@ -285,7 +285,13 @@ def test_named_mixtures():
     configs, p = mixture("ul2")
     assert np.allclose(p, [0.2, 0.2, 0.1, 0.1, 0.1, 0.1, 0.2]) and configs[-1].kind == "prefix_lm"
     assert np.allclose(mixture("ul2_decoder")[1], [0.6, 0.2, 0.1, 0.1])
-    assert np.allclose(mixture("birdie_fixed")[1], mixture("birdie")[1])
+    # birdie starts uniform over configurations (paper A.1.4); birdie_fixed is v1's class-balanced action
+    grid, start = mixture("birdie")
+    assert np.allclose(start, 1 / 104)
+    auto = np.array([c.cls == "autoencoding" for c in grid])
+    assert start[auto].sum() == pytest.approx(54 / 104)
+    fixed = mixture("birdie_fixed")[1]
+    assert np.allclose(fixed, initial_action(grid)) and fixed[auto].sum() == pytest.approx(1 / 7)
 
 
 # ----------------------------------------------------------------------------- packing

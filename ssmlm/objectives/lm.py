@@ -19,7 +19,7 @@ import numpy as np
 
 from ssmlm.objectives.batch import Batch, make_batch
 from ssmlm.objectives.birdie.functions import Ids
-from ssmlm.objectives.birdie.mixtures import DYNAMIC, initial_action
+from ssmlm.objectives.birdie.mixtures import DYNAMIC, uniform_action
 from ssmlm.objectives.birdie.mixtures import mixture as named_mixture
 from ssmlm.objectives.birdie.pipeline import make_batch_rows
 from ssmlm.objectives.losses import cross_entropy
@@ -80,7 +80,7 @@ class LMObjective:
             raise ValueError(f"no configuration of mixture {self.mixture!r} fits a row of {self.seq_len} tokens")
         self.dropped = [self.configs[i].name for i in range(len(self.configs)) if i not in keep]
         self.configs = [self.configs[i] for i in keep]
-        self.probs = initial_action(self.configs)
+        self.probs = uniform_action(self.configs)  # the birdie mixture's start, over what is left
 
     # -- rows and batches
     def _rows(self, docs, keys, probs) -> dict:

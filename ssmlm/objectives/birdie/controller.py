@@ -31,7 +31,7 @@ from flax import nnx
 
 from ssmlm.errors import UserError
 from ssmlm.models.reward_model import RewardModel
-from ssmlm.objectives.birdie.mixtures import Config, initial_action
+from ssmlm.objectives.birdie.mixtures import Config, initial_action, uniform_action
 
 # ---------------------------------------------------------------------------------------------------- reward
 
@@ -279,7 +279,7 @@ class BirdieController:
         self.seed = int(seed)
         self.cfg = cfg
         self.control_from = control_from(cfg.eval_scale)
-        self.start = np.full(n, 1.0 / n) if cfg.start == "uniform" else initial_action(self.configs)
+        self.start = uniform_action(self.configs) if cfg.start == "uniform" else initial_action(self.configs)
         model = RewardModel(n, cfg.width, cfg.state, cfg.layers, rngs=nnx.Rngs(self.seed % 2**31))
         self.graphdef, params = nnx.split(model)
         self._params0 = [np.asarray(p) for p in jax.tree.leaves(params)]

@@ -108,17 +108,25 @@ def _ul2_decoder() -> tuple[list[Config], np.ndarray]:
     return configs, np.array([0.6, 0.2, 0.1, 0.1])
 
 
+def uniform_action(configs: list[Config]) -> np.ndarray:
+    """The paper's start (A.1.4, notes §2.7): "uniform sampling over all configurations for the first 250
+    steps", i.e. 1/104 per configuration of the grid (autoencoding, 54 of 104, gets 0.52 of the samples)."""
+    return np.full(len(configs), 1.0 / len(configs))
+
+
 def _birdie() -> tuple[list[Config], np.ndarray]:
-    """The Birdie grid with its initial action; a controller (a later issue) moves the probabilities."""
+    """The Birdie grid, uniform over its configurations (the paper's start; the controller's default
+    ``start: uniform``); the controller moves the probabilities while training runs."""
     grid = birdie_grid()
-    return grid, initial_action(grid)
+    return grid, uniform_action(grid)
 
 
 def _birdie_fixed() -> tuple[list[Config], np.ndarray]:
     """Stand-in for the paper's Fixed Ratio Mixture ("BFR"). ASSUMPTION: the paper's hand-tuned ratios were
-    never published (§1.12), so this is the Birdie grid with its initial action (uniform over the 7 classes,
-    uniform within each) frozen."""
-    return _birdie()
+    never published (§1.12), so this is the official v1 code's initial action (1/7 per class, uniform within
+    each) frozen: every objective class gets an equal share, which uniform-per-configuration would not."""
+    grid = birdie_grid()
+    return grid, initial_action(grid)
 
 
 def _clm() -> tuple[list[Config], np.ndarray]:
