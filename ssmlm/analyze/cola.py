@@ -131,16 +131,14 @@ def length_bins(edges: list[int]) -> list[tuple[str, int, int | None]]:
 # ----------------------------------------------------------------------------- predictions
 
 
-def predict(run, split: str = "validation", batch_size: int = 32):
-    """(sentences, gold labels, predicted labels) of the run's task split, in file order, with the model
-    inputs `ssmlm evaluate` builds (ssmlm.data.tasks.encode with the run's task settings)."""
+def split_predictions(run, split: str = "validation", batch_size: int = 32):
+    """(sentences, gold labels, predicted labels, step) of the run's task split, in file order, with the model
+    inputs `ssmlm evaluate` builds (ssmlm.data.tasks.encode with the run's task settings); the predictions are
+    `length_bins.predict`'s (the one evaluation runner)."""
     import numpy as np
-    from flax import nnx
 
+    from ssmlm.analyze.length_bins import predict
     from ssmlm.data.tasks import encode, load_task
-    from ssmlm.objectives.tasks import HEADS, predictions
-    from ssmlm.train import loop
-    from ssmlm.train.stages import task_eval_data
 
     task = run.recipe.task
     data = load_task(task)
@@ -149,11 +147,7 @@ def predict(run, split: str = "validation", batch_size: int = 32):
     max_len = task.max_seq_length or run.recipe.model.max_seq_length
     arrays = encode(data, split, run.tokenizer(), max_len, task.padding)
     model, meta = run.load_model()
-    graphdef, params = nnx.split(model, nnx.Param)
-    score = lambda outs, batches: {"predictions": predictions(outs, batches)}  # noqa: E731
-    stage = loop.Stage("evaluate", model, None, None, 0, 0, HEADS["classify"].eval,
-                       task_eval_data(arrays, batch_size), score)  # fmt: skip
-    pred = np.asarray(loop.evaluate_stage(stage, params, graphdef)["predictions"])
+    pred = predict(run, arrays, batch_size, model)
     sentences = ["" if s is None else str(s) for s in data.splits[split][data.definition.text_fields[0]]]
     return sentences, np.asarray(arrays["labels"]), pred, meta["step"]
 
@@ -225,7 +219,7 @@ def analyze_cola(
 
     # a malformed or unmatched annotation file fails before anything is written
     names, shows = read_annotations(annotations, categories) if annotations is not None else ([], {})
-    sentences, gold, pred, step = predict(run, split, batch_size)
+    sentences, gold, pred, step = split_predictions(run, split, batch_size)
     keys = [normalize(s) for s in sentences]
     matched = [i for i, k in enumerate(keys) if k in shows]
     if annotations is not None and not matched:

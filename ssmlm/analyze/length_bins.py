@@ -112,21 +112,19 @@ def task_data(run, data_dir: str | None = None, validation_file: str | None = No
 
 def predict(run, arrays: dict, batch_size: int = 32, model=None):
     """Predicted class per example of encoded ``arrays`` (input_ids, token_type_ids, attention_mask, labels,
-    example_weight), through the compiled evaluation `ssmlm evaluate` uses."""
+    example_weight): the run's head through ``ssmlm.evaluate.runner.predict``, the runner `ssmlm evaluate` uses.
+    ``model``: the run's model loaded already (callers that predict many times load it once)."""
     import numpy as np
-    from flax import nnx
 
-    from ssmlm.objectives.tasks import HEADS, predictions
-    from ssmlm.train import loop
+    from ssmlm.evaluate import runner
+    from ssmlm.objectives.tasks import HEADS
     from ssmlm.train.stages import task_eval_data
 
     if model is None:
         model, _ = run.load_model()
-    graphdef, params = nnx.split(model, nnx.Param)
     head = HEADS[run.info.get("head", "classify")]
-    stage = loop.Stage("evaluate", model, None, None, 0, 0, head.eval, task_eval_data(arrays, batch_size),
-                       lambda outs, batches: {"predictions": predictions(outs, batches)})  # fmt: skip
-    return np.asarray(loop.evaluate_stage(stage, params, graphdef)["predictions"]).astype(np.int64)
+    preds = runner.predict(head.eval, model, task_eval_data(arrays, batch_size), progress=f"predicting {run.dir.name}")
+    return np.asarray(preds).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- the analysis

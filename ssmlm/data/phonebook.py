@@ -191,6 +191,24 @@ def _fitted(book: _Lines, form: str, fit, max_len: int, i: int) -> PhoneBook:
     return book.render(form, good)
 
 
+def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[int, int] = (8, 800),
+                    queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq") -> list[PhoneBook]:  # fmt: skip
+    """``n`` books (``books``: book i a function of (seed, i)), each shrunk to fit ``seq_len`` tokens of
+    ``tokenizer`` together with the paradigm token, START and END."""
+
+    def count(book: PhoneBook) -> int:
+        return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in (book.prompt, book.response))
+
+    return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len)
+
+
+def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int) -> list[PhoneBook]:
+    """``n`` books drawn as a recipe's ``task.phonebook`` settings say (entries, queries, form), each fitted to
+    ``seq_len``: what finetuning trains and validates on and what `ssmlm evaluate --task phonebook` decodes."""
+    return phonebook_items(tokenizer, seq_len, n, seed, entries=tuple(settings.entries),
+                           queries=tuple(settings.queries), form=settings.form)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- JSONL
 
 

@@ -94,14 +94,6 @@ def classification_scorer(metrics: tuple[str, ...]):
     return score
 
 
-def predictions(outputs, batches) -> np.ndarray:
-    """Predicted class (or score) per real example, for submission files."""
-    logits = np.concatenate([o["logits"] for o in outputs])
-    keep = np.concatenate([b.loss_weights for b in batches]) > 0
-    logits = logits[keep]
-    return logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
-
-
 def span_scorer(features: dict, examples: list[dict], version_2: bool):
     from ssmlm.data.squad import decode_spans
     from ssmlm.evaluate.squad_metrics import squad_scores

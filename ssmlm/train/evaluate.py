@@ -1,5 +1,5 @@
 """`ssmlm evaluate`: metrics of a run's newest checkpoint on its own objective's held-out data or its
-finetuning task, with the same compiled evaluation the training loop uses."""
+finetuning task, through the one evaluation runner (``ssmlm.evaluate.runner``) the training loop uses."""
 
 from __future__ import annotations
 
@@ -7,15 +7,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from flax import nnx
-
 from ssmlm import objectives
 from ssmlm.data.preprocess import FORMAT_VERSION, preprocess, read_metadata
 from ssmlm.errors import UserError
-from ssmlm.objectives.tasks import HEADS, predictions, prepare
-from ssmlm.progress import progress_bar
+from ssmlm.evaluate.runner import predictions, run_eval
+from ssmlm.objectives.tasks import HEADS, prepare
 from ssmlm.runs import Run
-from ssmlm.train import loop
 from ssmlm.train.stages import lm_eval_data, lm_objective, task_eval_data, token_eval_data
 
 
@@ -27,7 +24,6 @@ def evaluate(
     With ``submission``, the split's predictions are also written in the GLUE leaderboard format.
     """
     model, meta = run.load_model()
-    graphdef, params = nnx.split(model, nnx.Param)
     result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
     if run.kind == "finetune":
         base = run.recipe.task
@@ -39,19 +35,19 @@ def evaluate(
         if split not in prep.arrays:
             raise UserError(f"task {prep.definition.name} has no '{split}' split (has {list(prep.arrays)})")
         head = HEADS[run.info.get("head", "classify")]
-        eval_data = task_eval_data(prep.arrays[split], batch_size)
-        stage = loop.Stage("evaluate", model, None, None, 0, 0, head.eval, eval_data, prep.scorers[split])
         result["task"] = prep.definition.name
+        # one pass: the same outputs give the metrics and (with a submission) the predictions
+        outputs, batches = run_eval(head.eval, model, task_eval_data(prep.arrays[split], batch_size),
+                                    progress=f"evaluating {result['task']}")  # fmt: skip
+        result["metrics"] = prep.scorers[split](outputs, batches) if outputs else {}
         if submission is not None:
-            stage.score = lambda outs, batches: {"_predictions": predictions(outs, batches)}
-            preds = loop.evaluate_stage(stage, params, graphdef)["_predictions"]
             from ssmlm.data.glue import write_glue_submission
 
+            preds = predictions(outputs, batches)
             name = prep.definition.name
             name = "mnli-mm" if name == "mnli" and split.endswith("mismatched") else name
             path = write_glue_submission(name, preds.tolist(), submission, label_names=run.info.get("label_names"))
             result["submission"] = str(path)
-            stage.score = prep.scorers[split]
     else:
         if recipe_task is not None and recipe_task.name:
             raise UserError(f"{run.dir} is a pretraining run; finetune it on '{recipe_task.name}' first")
@@ -67,7 +63,6 @@ def evaluate(
             ev = lm_eval_data(run.recipe, objective)
             if ev is None:
                 raise UserError(f"{data_dir}: has no validation documents to evaluate on")
-            stage = loop.Stage("evaluate", model, None, None, 0, 0, objective.eval, ev, objective.score)
             result["task"] = f"lm-{objective.mixture}"
         elif meta.get("format_version", 0) < FORMAT_VERSION:
             # written by an older ssmlm (masked copies, no token shards): tokenise the run's corpus again with
@@ -81,17 +76,7 @@ def evaluate(
             ev = token_eval_data(data_dir, objective, batch_size, None)
             if ev is None:
                 raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
-            stage = loop.Stage("evaluate", model, None, None, 0, 0, objective.eval, ev, objective.score)
             result["task"] = objective.name
-    data = stage.eval_data
-
-    def with_progress():
-        with progress_bar(False) as bar:
-            task = bar.add_task(f"evaluating {result['task']}", total=None)
-            for batch in data():
-                yield batch
-                bar.advance(task)
-
-    stage.eval_data = with_progress
-    result["metrics"] = loop.evaluate_stage(stage, params, graphdef)
+        result["metrics"] = run_eval(objective.eval, model, ev, objective.score,
+                                     progress=f"evaluating {result['task']}")  # fmt: skip
     return result

@@ -53,7 +53,7 @@ def evaluate_lm_task(
 
 def _phonebook(run: Run, gen, limit: int | None) -> dict:
     """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed."""
-    from ssmlm.train.lm_finetune import phonebook_books
+    from ssmlm.data.phonebook import phonebook_books
     from ssmlm.train.phonebook import evaluate_phonebook
 
     task = run.recipe.task

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from ssmlm.data.phonebook import phonebook_books
 from ssmlm.errors import UserError
 from ssmlm.progress import console
 from ssmlm.recipe import Recipe
@@ -40,14 +41,6 @@ EVAL_ONLY = {
 
 def is_lm_run(run: Run) -> bool:
     return run.recipe.objective.kind == "lm"
-
-
-def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int):
-    """``n`` generated books (``ssmlm.data.phonebook.PhoneBook``), each shrunk until it fits ``seq_len`` slots."""
-    from ssmlm.train.phonebook import phonebook_items
-
-    return phonebook_items(tokenizer, seq_len, n, seed, entries=tuple(settings.entries),
-                           queries=tuple(settings.queries), form=settings.form)  # fmt: skip
 
 
 def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int) -> tuple[list[dict], list[dict]]:

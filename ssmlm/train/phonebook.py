@@ -6,8 +6,7 @@ generates until END or a newline (a response is one line); ``ssmlm.evaluate.retr
 
 from __future__ import annotations
 
-from ssmlm.data import phonebook as pb
-from ssmlm.data.phonebook import MAX_QUERIES, PhoneBook
+from ssmlm.data.phonebook import PhoneBook, phonebook_items  # noqa: F401 (phonebook_items: importable from here)
 from ssmlm.evaluate.retrieval import score_book, summarize
 from ssmlm.progress import progress_bar
 
@@ -31,14 +30,3 @@ def evaluate_phonebook(generator, books: list[PhoneBook], max_new_tokens: int | 
                             "numbers": book.numbers, "generated": text})  # fmt: skip
             bar.advance(task)
     return {"metrics": summarize(records), "records": records}
-
-
-def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[int, int] = (8, 800),
-                    queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq") -> list[PhoneBook]:  # fmt: skip
-    """``n`` books (``ssmlm.data.phonebook.books``: book i a function of (seed, i)), each shrunk to fit ``seq_len``
-    tokens of ``tokenizer`` together with the paradigm token, START and END."""
-
-    def count(book: PhoneBook) -> int:
-        return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in (book.prompt, book.response))
-
-    return pb.books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len)
