@@ -1,5 +1,7 @@
-"""Building blocks shared by the encoders: dense/LayerNorm constructors, explicit-key dropout,
-BERT-style embeddings, bidirectional multi-head attention, and the generic encoder stack."""
+"""Building blocks shared by every model family — the one layer toolkit of the encoders, the Birdie LMs and the
+reward model: the dense-layer builder, LayerNorm, the float32-accumulating RMSNorm, the attention softmax with
+its one mask constant, explicit-key dropout, BERT-style embeddings, bidirectional multi-head attention, and the
+generic encoder stack."""
 
 from __future__ import annotations
 
@@ -11,18 +13,85 @@ from ssmlm.models.config import ModelConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
+# The value a disallowed attention score is replaced by before the softmax, in every attention (encoders, aMLP's
+# tiny attention, the Transformer LM). Scores are float32 when it is applied (attention_weights). Finite, so a
+# row with no allowed key stays finite (uniform weights, never the NaN of −inf). Far below any real score:
+# exp(MASK_VALUE − max) underflows to exactly 0 in float32, so wherever a row has an allowed key the weights are
+# those of −1e9 or −inf. Far above float32's minimum (−3.4e38), so subtracting a row maximum or adding a bias
+# cannot overflow to −inf; and representable in bfloat16 (max 3.39e38), should scores ever be kept in bf16.
+MASK_VALUE = -1e30
 
-def dense(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, init=None) -> nnx.Linear:
-    """Dense layer with bias; kernel N(0, initializer_range²) unless ``init`` is given, bias 0."""
+
+def dense(
+    cfg: ModelConfig | None, d_in: int, d_out: int, rngs: nnx.Rngs, init=None, *, bias: bool = True
+) -> nnx.Linear:
+    """The dense layer of every family. Bias (if ``bias``) initialised to 0.
+
+    With a model config: kernel N(0, cfg.initializer_range²) unless ``init`` is given, parameters in
+    cfg.param_dtype, computing in cfg.compute_dtype. With ``cfg=None`` (the reward model, which has no model
+    config): flax's defaults — LeCun-normal kernel unless ``init``, float32 parameters, computing in the
+    input's dtype."""
+    if cfg is None:
+        kernel_init, dtype, param_dtype = init or nnx.initializers.lecun_normal(), None, jnp.float32
+    else:
+        kernel_init = init or nnx.initializers.normal(cfg.initializer_range)
+        dtype, param_dtype = DTYPES[cfg.compute_dtype], DTYPES[cfg.param_dtype]
     return nnx.Linear(
         d_in,
         d_out,
-        kernel_init=init or nnx.initializers.normal(cfg.initializer_range),
+        use_bias=bias,
+        kernel_init=kernel_init,
         bias_init=nnx.initializers.zeros,
-        dtype=DTYPES[cfg.compute_dtype],
-        param_dtype=DTYPES[cfg.param_dtype],
+        dtype=dtype,
+        param_dtype=param_dtype,
         rngs=rngs,
     )
+
+
+class RMSNorm(nnx.Module):
+    """x / √(mean(x²) + eps) ⊙ scale over the last axis; ``scale`` (dim,) initialised to 1. The one RMSNorm of
+    the package (the Birdie LMs' blocks and final norm, the Transformer LM).
+
+    Accumulates in float32 whatever the compute dtype: x is cast to float32, the mean of squares, the rsqrt and
+    the scale product are float32 (the scale read in float32 from its param dtype), and only the result is cast
+    to ``dtype`` (default: the input's dtype). In float32 this equals flax's ``nnx.RMSNorm`` to rounding
+    (relative 1e-6: flax multiplies x by rsqrt·scale, here (x·rsqrt)·scale). In bfloat16 compute flax's
+    statistics were float32 too, but it first rounds the scale (float32 parameters) and the input to bfloat16;
+    here nothing is rounded before the final cast (within ½ bf16 ulp of exact), so outputs differ from flax's
+    by at most one bf16 ulp for a bf16 input, two for a float32 one, and not at all with bf16 parameters and
+    input (tests/test_layers.py).
+
+    ``rngs``: flax's nnx.RMSNorm draws one (unused) params key; passing ``rngs`` draws it too, so a model whose
+    norms were flax's initialises every later parameter of a given seed exactly as before."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, param_dtype=jnp.float32, dtype=None,
+                 rngs: nnx.Rngs | None = None):  # fmt: skip
+        if rngs is not None:
+            rngs.params()
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype or x.dtype)
+
+
+def attention_weights(q, k, allowed):
+    """softmax(q kᵀ/√d_h) over the allowed keys, (B, H, Lq, Lk) float32, for q (B, Lq, H, d_h), k (B, Lk, H, d_h)
+    and ``allowed`` bool broadcastable to (B, H, Lq, Lk). Scores (cast after the product in the compute dtype)
+    and softmax in float32; disallowed scores become MASK_VALUE, so a row with no allowed key is uniform."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
+    return jax.nn.softmax(jnp.where(allowed, s, MASK_VALUE), axis=-1)
+
+
+def attend(q, k, v, allowed):
+    """softmax(q kᵀ/√d_h) v over the allowed keys: q (B, Lq, H, d_h), k, v (B, Lk, H, d_h), allowed (B, Lq, Lk)
+    -> (B, Lq, H, d_h) in v's dtype. A query with no allowed key gets 0 (its weights are zeroed)."""
+    mask = allowed[:, None]
+    p = attention_weights(q, k, mask) * mask
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
 
 
 def layer_norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
@@ -81,7 +150,7 @@ class Embeddings(nnx.Module):
 
 
 class MultiHeadAttention(nnx.Module):
-    """softmax(QKᵀ/√d_head) V over all positions (bidirectional); padded keys get no weight."""
+    """softmax(QKᵀ/√d_head) V over all positions (bidirectional); padded keys get no weight (attention_weights)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, d_in: int | None = None, d_attn: int | None = None,
                  d_out: int | None = None, num_heads: int | None = None):  # fmt: skip
@@ -101,13 +170,12 @@ class MultiHeadAttention(nnx.Module):
         b, n, _ = x.shape
         split = lambda t: t.reshape(b, n, self.num_heads, -1)  # noqa: E731
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
         allowed = jnp.ones((b, 1, n, n), bool)
         if mask is not None:
             allowed = allowed & (mask[:, None, None, :] > 0)
         if causal:
             allowed = allowed & jnp.tril(jnp.ones((n, n), bool))[None, None]
-        p = jax.nn.softmax(jnp.where(allowed, logits, -1e9), axis=-1).astype(x.dtype)
+        p = attention_weights(q, k, allowed).astype(x.dtype)  # a fully padded row: uniform, as always
         out = self.out(jnp.einsum("bhqk,bkhd->bqhd", dropout(p, self.rate, rng), v).reshape(b, n, self.d_attn))
         return (out, p) if probs else out
 

@@ -25,16 +25,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ssmlm.models.layers import dense
 from ssmlm.models.scan import linear_scan
 
 
 def _linear(d_in: int, d_out: int, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(d_in, d_out, use_bias=False, param_dtype=jnp.float32, rngs=rngs)
+    """The shared dense builder without a model config: LeCun-normal kernel, no bias, float32 (v1's Dense)."""
+    return dense(None, d_in, d_out, rngs, bias=False)
 
 
 class RMSSplit(nnx.Module):
     """RMS-normalise the two halves of the last dim separately (learned scale, init 1, eps 1e-8), concatenate,
-    then multiply by a learned vector initialised to 0.1 (v1 ``RMS_split``)."""
+    then multiply by a learned vector initialised to 0.1 (v1 ``RMS_split``).
+
+    Not ssmlm.models.layers.RMSNorm, on purpose: v1's norm adds eps to the RMS (x / (‖x‖/√d + eps)), not to the
+    mean square under the root, normalises two halves with separate scales and has the extra output scale; the
+    critic reproduces v1, so it keeps v1's formula (float32 throughout, as the whole critic)."""
 
     def __init__(self, width: int, eps: float = 1e-8):
         if width % 2:

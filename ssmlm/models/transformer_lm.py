@@ -10,7 +10,7 @@ One block, with x (L × d) the residual stream of a packed row, H heads of size 
     x    = x + a
     x    = x + W_down(silu(W_gate h') ⊙ W_up h'),   h' = RMSNorm(x),   W_gate, W_up: d → round(8/3 · d)
 
-The attention bias is 0 where allowed and a large negative number elsewhere, with (prefix-LM, §3.4)
+The attention bias is 0 where allowed and ssmlm.models.layers.MASK_VALUE elsewhere, with (prefix-LM, §3.4)
 
     allowed(q, k) = [(prefix_q ∧ prefix_k) ∨ k ≤ q] ∧ segment_q = segment_k ∧ segment_k ≠ 0
 
@@ -19,6 +19,12 @@ the prefix term (plain causal) otherwise. The last factor is ours: padding (segm
 so a padding query attends to nothing and its attention output is 0 (instead of NaN or a mean of padding).
 
 Parameters per block: 4d² (attention) + 3·d·round(8d/3) (SwiGLU) + 2d (two RMSNorm scales).
+
+Dense layers, RMSNorm and attention come from ssmlm.models.layers (shared with the encoders and the recurrent
+LMs). This block's float32-accumulating RMSNorm became the package's only one, so its normalisation is unchanged;
+the recurrent LMs it is compared with moved to it from flax's nnx.RMSNorm, which rounds input and scale to the
+compute dtype first (equal in float32 to 1e-6, at most one bf16 ulp apart in bfloat16): all LMs now normalise
+alike. The mask value stays −1e30 (MASK_VALUE, which the encoders now use too instead of −1e9).
 
 Decoding keeps a KV cache per block: ``prefill`` runs a prompt (the same mask as training, so a
 bidirectional prefix followed by causal tokens) and stores its keys/values at 0..P-1; ``step`` appends one
@@ -32,25 +38,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models.config import LMConfig
-from ssmlm.models.layers import DTYPES
+from ssmlm.models.layers import DTYPES, RMSNorm, attend, dense
 from ssmlm.models.lm_context import Context
 
-NEG_INF = -1e30  # finite, so a fully-masked row stays finite (float32 scores)
-
-
-class RMSNorm(nnx.Module):
-    """x / √(mean(x²) + eps) ⊙ scale over the last axis, computed in float32; scale initialised to 1.
-    Returns ``dtype`` (default: the input's dtype)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6, *, param_dtype=jnp.float32, dtype=None):
-        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
-        self.eps = eps
-        self.dtype = dtype
-
-    def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype or x.dtype)
+__all__ = ["RMSNorm", "TransformerBlock", "attend", "attention_mask", "rope"]  # RMSNorm, attend: ssmlm.models.layers
 
 
 def rope(x, positions, base: float):
@@ -76,15 +67,6 @@ def attention_mask(ctx: Context, bidirectional: bool):
     return see & same
 
 
-def attend(q, k, v, allowed):
-    """softmax(q kᵀ/√d_h) v over the allowed keys. q (B, Lq, H, d_h), k, v (B, Lk, H, d_h), allowed
-    (B, Lq, Lk). Scores and softmax in float32; a query with no allowed key gets 0."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1]).astype(jnp.float32)
-    mask = allowed[:, None]
-    p = jax.nn.softmax(jnp.where(mask, s, NEG_INF), axis=-1) * mask  # "* mask": rows with no key → 0
-    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
-
-
 class TransformerBlock(nnx.Module):
     """Pre-RMSNorm multi-head self-attention (RoPE, prefix-LM mask when ``bidirectional``) and SwiGLU MLP,
     each with a residual connection. ``__call__`` (B, L, d) → (B, L, d) for training; ``init_cache`` /
@@ -96,10 +78,8 @@ class TransformerBlock(nnx.Module):
             raise ValueError(f"hidden_size {d} is not divisible by num_heads {heads}")
         width = round(cfg.mlp_expansion * d)
         dtype, param_dtype = DTYPES[cfg.compute_dtype], DTYPES[cfg.param_dtype]
-        lin = lambda i, o: nnx.Linear(  # noqa: E731
-            i, o, use_bias=False, kernel_init=nnx.initializers.normal(cfg.initializer_range),
-            dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-        )  # fmt: skip
+        lin = lambda i, o: dense(cfg, i, o, rngs, bias=False)  # noqa: E731
+        # no rngs: this norm never drew a key (unlike the recurrent LMs' flax one), so seeded inits hold
         norm = lambda: RMSNorm(d, cfg.norm_eps, param_dtype=param_dtype, dtype=dtype)  # noqa: E731
         self.attn_norm = norm()
         self.query, self.key, self.value, self.out = lin(d, d), lin(d, d), lin(d, d), lin(d, d)
