@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ssmlm.errors import CheckpointError, RecipeError, UserError
+from ssmlm.models.config import is_lm, lm_archs
 
 
 @dataclass(frozen=True)
@@ -169,18 +170,16 @@ def _micro_ways(r) -> int:
     return max(r.mesh.data, 1) * max(r.mesh.fsdp, 1)
 
 
-LM_ARCHS = ("gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm")
-
 RELATIONS: list[Relation] = [
     Relation(
         ("objective.kind", "model.arch"),
         lambda r: True,
-        lambda r: (r.objective.kind == "lm") == (r.model.arch in LM_ARCHS),
+        lambda r: (r.objective.kind == "lm") == is_lm(r.model.arch),
         lambda r: (
             f"'lm' for the language model model.arch = '{r.model.arch}'"
-            if r.model.arch in LM_ARCHS
+            if is_lm(r.model.arch)
             else f"'mlm' or 'next_token' for the encoder model.arch = '{r.model.arch}' "
-            f"('lm' needs one of {', '.join(LM_ARCHS)})"
+            f"('lm' needs one of {', '.join(lm_archs())})"
         ),
     ),
     Relation(
@@ -201,13 +200,14 @@ RELATIONS: list[Relation] = [
     ),
     Relation(
         ("model.state_size", "model.bidirectional"),
-        lambda r: r.model.arch in LM_ARCHS and r.model.arch != "transformer_lm" and r.model.bidirectional != "none",
+        # the recurrent language models (attention has no state to split)
+        lambda r: is_lm(r.model.arch) and r.model.arch not in r.model.ATTENTION and r.model.bidirectional != "none",
         lambda r: r.model.state_size % 2 == 0,
         lambda r: "an even number (a bidirectional layer splits the state in halves)",
     ),
     Relation(
         ("model.num_heads", "model.hidden_size"),
-        lambda r: r.model.arch in ("gated_att", "bert", "transformer_lm"),
+        lambda r: r.model.arch in r.model.ATTENTION,
         lambda r: r.model.hidden_size % r.model.num_heads == 0,
         lambda r: f"a divisor of model.hidden_size = {r.model.hidden_size}",
     ),

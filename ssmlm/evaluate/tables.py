@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ssmlm.errors import UserError
+from ssmlm.models.config import route_label
 
 # (column, task, metric, scale)
 GLUE_TABLE1 = [
@@ -40,13 +41,6 @@ def _task_key(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
 
 
-# ModelConfig.arch -> the paper's "Arch / Route" label, for files that carry only the arch.
-ARCH_ROUTE = {
-    "bigs": "gated / ssm",
-    "stack_ssm": "stack / ssm",
-    "gated_att": "gated / att",
-    "bert": "stack / att",
-}
 
 
 def _model_label(r: dict) -> str:
@@ -56,7 +50,7 @@ def _model_label(r: dict) -> str:
     if r.get("arch") and r.get("route"):
         return f"{r['arch']} / {r['route']}"
     if r.get("arch"):
-        return ARCH_ROUTE.get(r["arch"], r["arch"])
+        return route_label(r["arch"]) or r["arch"]  # the family's declared "arch / route" label
     return Path(str(r.get("run", "?"))).name
 
 

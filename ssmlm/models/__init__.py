@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ssmlm.models.config import FAMILIES, ModelConfig, family
+from ssmlm.models.config import FAMILIES, ModelConfig, family, is_lm
 from ssmlm.models.rules import ParamRule, user_rules
 
 if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.models stays instant
@@ -36,11 +36,6 @@ def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
     """The optimizer's parameter rules for this model: the recipe's train.param_rules, then the family's own
     (each family module's ``param_rules``, ending with a catch-all). First match wins; see ssmlm.models.rules."""
     return user_rules(train) + family(cfg.arch).param_rules(cfg, train)
-
-
-def is_lm(arch: str) -> bool:
-    """A language model (Birdie's families) rather than an encoder."""
-    return FAMILIES[arch] == "ssmlm.models.lm"
 
 
 def build_pretraining_model(cfg: ModelConfig, seed: int = 0):
@@ -89,12 +84,10 @@ def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
 
 
 def build_lm(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
-    """A Birdie language model (ssmlm.models.lm.LanguageModel) for an LM arch."""
+    """A language model of an LM arch (its family's model class, e.g. ssmlm.models.lm.LanguageModel)."""
     from flax import nnx
 
-    from ssmlm.models.lm import LanguageModel
-
-    return LanguageModel(cfg, rngs=nnx.Rngs(params=seed))
+    return encoder_class(cfg.arch)(cfg, rngs=nnx.Rngs(params=seed))
 
 
 def count_params(model: nnx.Module) -> int:

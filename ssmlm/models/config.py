@@ -7,8 +7,12 @@ length-dependent parameters, its ``extend_params``. ``model.arch`` picks the fam
 "gmlp", sgu=...)`` builds a ``GMLPConfig``, and a recipe naming a field of another family is refused with the
 family that has it.
 
-Adding a family is adding its config class here, a module with ``Config``, ``ENCODERS`` (arch -> encoder
-class) and ``mixing_flops``, and its archs in FAMILIES.
+A family is one module plus one registry line in FAMILIES. The module has ``Config`` (its config class, a
+ModelConfig subclass), ``ENCODERS`` (arch -> model class), ``mixing_flops`` and ``param_rules``; the config
+class declares what the rest of ssmlm needs to know about the family (class variables, below: whether it is a
+language model, its finetuning pooler, its paper's "arch / route" label, which of its archs have attention
+heads). The shipped families' config classes are also listed here in CONFIGS, so that reading and checking a
+recipe never imports jax; a family not listed there is imported when its arch is first named.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from types import ModuleType
-from typing import Literal
+from typing import ClassVar, Literal
 
 # arch -> the module that implements it (imported on use, so one family's module never loads another's)
 FAMILIES = {
@@ -39,7 +43,27 @@ def family(arch: str) -> ModuleType:
 
 
 def config_class(arch: str) -> type[ModelConfig]:
-    return CONFIGS[FAMILIES[arch]]
+    module = FAMILIES[arch]
+    return CONFIGS[module] if module in CONFIGS else importlib.import_module(module).Config
+
+
+def is_lm(arch: str) -> bool:
+    """A language model (Birdie's families) rather than an encoder: the one place this is decided."""
+    return config_class(arch).LANGUAGE_MODEL
+
+
+def lm_archs() -> list[str]:
+    return [a for a in FAMILIES if is_lm(a)]
+
+
+def default_pooler(cfg: ModelConfig) -> str:
+    """The sequence-classification pooler of ``cfg``: model.pooler if set, else its family's (POOLERS)."""
+    return cfg.pooler or type(cfg).POOLERS[cfg.arch]
+
+
+def route_label(arch: str) -> str | None:
+    """The BiGS paper's "arch / route" label of an arch (Table 1), if it has one."""
+    return config_class(arch).ROUTES.get(arch) if arch in FAMILIES else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +99,12 @@ class ModelConfig:
     scan_layers: bool = True
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
+
+    # What a family declares (class variables, not recipe fields):
+    LANGUAGE_MODEL: ClassVar[bool] = False  # a causal/prefix LM (objective.kind lm) rather than an encoder
+    POOLERS: ClassVar[dict[str, str]] = {}  # arch -> its paper's finetuning pooler (model.pooler: None)
+    ROUTES: ClassVar[dict[str, str]] = {}  # arch -> the BiGS paper's "arch / route" label (results tables)
+    ATTENTION: ClassVar[frozenset[str]] = frozenset()  # archs whose num_heads must divide hidden_size
 
     def __new__(cls, *args, **kwargs):
         if cls is ModelConfig:  # dispatch to the family's own class
@@ -117,6 +147,9 @@ class BiGSConfig(SSMFields, ModelConfig):
     """`model:` fields of the gated family: bigs (gated/ssm) and gated_att (gated/att, an ablation)."""
 
     arch: Literal["bigs", "gated_att"] = "bigs"
+    POOLERS: ClassVar[dict[str, str]] = {"bigs": "non_padding_mean", "gated_att": "non_padding_mean"}
+    ROUTES: ClassVar[dict[str, str]] = {"bigs": "gated / ssm", "gated_att": "gated / att"}
+    ATTENTION: ClassVar[frozenset[str]] = frozenset({"gated_att"})
     # LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
     # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
     gate_norm: bool = False
@@ -128,6 +161,9 @@ class StackConfig(SSMFields, ModelConfig):
     """`model:` fields of the stacked family: bert (stack/att) and stack_ssm."""
 
     arch: Literal["stack_ssm", "bert"] = "bert"
+    POOLERS: ClassVar[dict[str, str]] = {"bert": "cls", "stack_ssm": "non_padding_mean"}
+    ROUTES: ClassVar[dict[str, str]] = {"stack_ssm": "stack / ssm", "bert": "stack / att"}
+    ATTENTION: ClassVar[frozenset[str]] = frozenset({"bert"})
     num_heads: int = 16  # bert: attention heads
     # pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
     stack_norm: Literal["pre", "post"] = "pre"
@@ -138,6 +174,7 @@ class GMLPConfig(ModelConfig):
     """`model:` fields of gMLP and aMLP."""
 
     arch: Literal["gmlp", "amlp"] = "gmlp"
+    POOLERS: ClassVar[dict[str, str]] = {"gmlp": "cls", "amlp": "cls"}
     sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
         "split_multiplicative"  # gMLP Table 3
     )
@@ -153,6 +190,8 @@ class LMConfig(ModelConfig):
     training length (no position table: the SSMs need none, the Transformer uses RoPE)."""
 
     arch: Literal["gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"] = "gated_ssm"
+    LANGUAGE_MODEL: ClassVar[bool] = True
+    ATTENTION: ClassVar[frozenset[str]] = frozenset({"transformer_lm"})
     state_size: int = 2560  # N, the recurrence width of the SSMs
     # which layers process the prefix bidirectionally (state split in halves, the second scanned right to
     # left inside the prefix): alternate = bidir, causal, bidir, … (the paper); all; none ("Birdie-Causal").

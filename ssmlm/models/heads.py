@@ -2,7 +2,7 @@
 
 MLM head: transform = Dense(d→d) → exact GELU → LayerNorm, then logits = h · E_wordᵀ + b (tied decoder).
 Pooler: the first ([CLS]) token, or the mean over non-padding positions (or over all), then Dense(d→d), tanh;
-each family's default is its paper's (POOLERS).
+each family's default is its paper's (its config class's POOLERS).
 Classifier: dropout → Dense(d→k); k = 1 is regression.
 
 Every head takes ``intermediates=True`` and then returns ``(output, aux)``: the encoder's named
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.config import ModelConfig
+from ssmlm.models.config import ModelConfig, default_pooler
 from ssmlm.models.layers import dense, dropout, layer_norm
 
 LECUN = nnx.initializers.lecun_normal()
@@ -57,17 +57,11 @@ def _encode(encoder, input_ids, token_type_ids, attention_mask, *, enc_rng, inte
     return out if intermediates else (out, None)
 
 
-# Each family's pooler as its paper finetunes it: BERT and gMLP/aMLP read the first ([CLS]) token (Devlin et
-# al.; Liu et al. follow BERT's finetuning); BiGS averages the non-padding tokens (official code). The BiGS
-# ablations (stack/ssm, gated/att) were finetuned with BiGS's code, so they keep its pooler: Table 1 then
-# differs between rows only in the architecture.
-POOLERS = {"bert": "cls", "gmlp": "cls", "amlp": "cls", "bigs": "non_padding_mean", "stack_ssm": "non_padding_mean",
-           "gated_att": "non_padding_mean"}  # fmt: skip
-
-
-def pooler_kind(cfg: ModelConfig) -> str:
-    """The pooler a config uses: ``model.pooler`` if set, else its family's (POOLERS)."""
-    return cfg.pooler or POOLERS[cfg.arch]
+# Each family's pooler as its paper finetunes it is declared by its config class (ModelConfig.POOLERS): BERT and
+# gMLP/aMLP read the first ([CLS]) token (Devlin et al.; Liu et al. follow BERT's finetuning); BiGS averages the
+# non-padding tokens (official code). The BiGS ablations (stack/ssm, gated/att) were finetuned with BiGS's code,
+# so they keep its pooler: Table 1 then differs between rows only in the architecture.
+pooler_kind = default_pooler
 
 
 class Pooler(nnx.Module):
