@@ -47,9 +47,16 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    help="Pretrain, length-extend, finetune, evaluate and analyse attention-free language models (BiGS).",
+    help="Pretrain, length-extend, finetune, evaluate and analyse the models of three papers: BiGS and its "
+    "ablations (MLM encoders, 'Pretraining Without Attention'), gMLP/aMLP (MLM encoders, 'Pay Attention to "
+    "MLPs'), and Birdie's language models (Gated SSM, Hawk, Transformer) trained on mixtures of objectives "
+    "chosen by a reward-driven controller. 'ssmlm recipes' lists the paper setups.",
 )
-analyze_app = typer.Typer(no_args_is_help=True, help="Analyses of trained runs (plots).")
+analyze_app = typer.Typer(
+    no_args_is_help=True,
+    help="The three papers' figures and tables from trained runs (PNG/SVG plus CSV/JSON in RUN/analysis), "
+    "and one HTML report of one or more runs.",
+)
 app.add_typer(analyze_app, name="analyze")
 
 SetOpt = Annotated[
@@ -162,11 +169,15 @@ def preprocess(
     set_: SetOpt = None,
     quiet: QuietOpt = False,
 ):
-    """Tokenize a corpus once into packed token shards (reused when the same inputs come again).
+    """Tokenize a corpus once into token shards (reused when the same inputs come again).
+
+    Encoders (MLM): a WordPiece tokenizer and unmasked rows packed to the full length.
+
+    Language models (objective.kind: lm): a byte-level BPE and whole documents, packed into rows at training time.
 
     Streams the corpus in bounded memory; running an interrupted command again resumes at its last finished shard.
 
-    Masking is applied at training time: masking settings do not change what is written.
+    Masking and the objective mixture are applied at training time: their settings do not change what is written.
 
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """
@@ -194,9 +205,16 @@ def pretrain(
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
 ):
-    """Pretraining on the recipe's objective (MLM by default). Re-running the same command resumes.
+    """Pretrain on the recipe's objective: MLM (encoders) or an objective mixture (language models).
+
+    Encoders (BiGS and its ablations, BERT, gMLP/aMLP): masked-language modelling with static or dynamic masks.
+
+    Language models (Gated SSM, Hawk, Transformer): objective.mixture clm, ul2, ul2_decoder, birdie_fixed or birdie.
+
+    The birdie mixture's controller changes the mixture while training runs. Re-running the same command resumes.
 
     Example: ssmlm pretrain recipes/bigs_full.yaml
+    Example: ssmlm pretrain birdie_gated_ssm
     """
     r = _load(recipe, set_, "default")
     _check_training_options(name, stop_after)
@@ -223,8 +241,9 @@ def extend_length(
     quiet: QuietOpt = False,
     stop_after: StopOpt = None,
 ):
-    """Continue MLM training at a longer max_seq_length: SSM kernels are evaluated at the new length,
-    the position table is extended, and the optimizer restarts with this stage's schedule.
+    """Continue an encoder's MLM training at a longer max_seq_length (language models: not applicable).
+
+    SSM kernels are evaluated at the new length, the position table is extended, the optimizer restarts.
 
     Example: ssmlm extend-length recipes/bigs_512.yaml --from runs/bigs_full
     """
@@ -260,48 +279,84 @@ def _task_overrides(r, task, train_file, validation_file, text_fields, label_fie
     return dataclasses.replace(r, task=dataclasses.replace(r.task, **changes))
 
 
-TaskOpt = Annotated[
+FinetuneTaskOpt = Annotated[
     str | None,
     typer.Option(
         "--task",
-        help="A known task: builtin-order, builtin-next, a GLUE task, squad, squad_v2, quality, contract_nli; "
-        "language models: phonebook, instruct (finetune), phonebook, squad_v2, infilling, lm-eval:TASKS (evaluate).",
+        help="Encoders: builtin-order, builtin-next, cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, squad, "
+        "squad_v2, quality, contract_nli (or local files: --train-file ...). Language models: phonebook, instruct.",
     ),
 ]
-TrainFileOpt = Annotated[str | None, typer.Option("--train-file", help="Local csv/tsv/jsonl/parquet training file.")]
-ValFileOpt = Annotated[str | None, typer.Option("--validation-file", help="Local validation file.")]
-FieldsOpt = Annotated[str | None, typer.Option("--text-fields", help="Text column(s), comma-separated (one or two).")]
-LabelOpt = Annotated[str | None, typer.Option("--label-field", help="Label column.")]
-NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Number of classes; 1 = regression.")]
+EvaluateTaskOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        help="Default: the run's own (MLM or LM validation rows, or its finetuning task). Encoders: a finetune "
+        "task name. Language models: phonebook, squad_v2, infilling, lm-eval:TASKS (e.g. lm-eval:hellaswag,arc_easy).",
+    ),
+]
+TrainFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--train-file",
+        help="Encoders: a local csv/tsv/jsonl/parquet training file. Language models (--task instruct): a JSONL of "
+        "prompt/response pairs, or flan / openhermes from the hub.",
+    ),
+]
+ValFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--validation-file",
+        help="Local validation file: a table for an encoder task, JSONL pairs for instruct, the stories JSONL for "
+        "evaluate --task infilling.",
+    ),
+]
+FieldsOpt = Annotated[
+    str | None, typer.Option("--text-fields", help="Encoders: text column(s), comma-separated (one or two).")
+]
+LabelOpt = Annotated[str | None, typer.Option("--label-field", help="Encoders: label column.")]
+NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Encoders: number of classes; 1 = regression.")]
 TEXT_FIELDS = checks.Rule(
     lambda v: 1 <= len([f for f in v.split(",") if f.strip()]) == len(v.split(",")) <= 2,
     "one or two comma-separated column names",
 )
 DataDirOpt = Annotated[
     str | None,
-    typer.Option("--data-dir", help="Task files in their original layout (GLUE TSVs, SQuAD JSON, SCROLLS JSONL)."),
+    typer.Option(
+        "--data-dir",
+        help="Task files in their original layout (GLUE TSVs, SQuAD JSON, SCROLLS JSONL); language models: "
+        "the folder of dev-v2.0.json (squad_v2) or of lm-eval task YAMLs.",
+    ),
 ]
 
 
 @app.command()
 @user_errors
 def finetune(
-    ckpt: Annotated[str | None, typer.Option("--ckpt", help="Pretrained (or extended) run directory.")] = None,
-    task: TaskOpt = None,
+    ckpt: Annotated[
+        str | None, typer.Option("--ckpt", help="Pretrained (or extended) run: an encoder or a language model.")
+    ] = None,
+    task: FinetuneTaskOpt = None,
     init_from: Annotated[
         str | None,
         typer.Option(
             "--init-from",
-            help="A finetuned run (e.g. MNLI) to start from instead: encoder, pooler and "
+            help="Encoders: a finetuned run (e.g. MNLI) to start from instead: encoder, pooler and "
             "classifier (when the label space matches) are copied — the paper's RTE/MRPC/STS-B convention.",
         ),
     ] = None,  # fmt: skip
     data_dir: DataDirOpt = None,
     seeds: Annotated[
-        str | None, typer.Option("--seeds", help="Comma-separated seeds: one run each, mean and std reported.")
+        str | None,
+        typer.Option("--seeds", help="Comma-separated seeds: one run each (encoders: mean and std reported)."),
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option("--recipe", help="Finetuning recipe (default: finetune_default).")
+        str | None,
+        typer.Option(
+            "--recipe",
+            help="Finetuning recipe (default: finetune_default; language models: phonebook_finetune, "
+            "instruct_finetune).",
+        ),
     ] = None,
     train_file: TrainFileOpt = None,
     validation_file: ValFileOpt = None,
@@ -314,9 +369,14 @@ def finetune(
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
 ):
-    """Sequence classification or regression from a pretrained checkpoint (pooler + classifier).
+    """Finetune a pretrained run: an encoder on a task, a language model on prompt/response pairs.
+
+    Encoders: classification or regression (pooler + classifier), span extraction (SQuAD), multiple choice (QuALITY).
+
+    Language models: phone-book retrieval (Birdie) or instruction tuning, prompt as prefix, response as target.
 
     Example: ssmlm finetune --ckpt runs/default --task builtin-order
+    Example: ssmlm finetune --ckpt runs/birdie_gated_ssm --task phonebook --recipe phonebook_tiny
     """
     ckpt = init_from or ckpt
     if not ckpt:
@@ -416,7 +476,7 @@ def _report_seeds(summaries: list[dict], seeds: list[int], path: Path) -> None:
 @user_errors
 def evaluate(
     ckpt: Annotated[str, typer.Option("--ckpt", help="Run directory to evaluate.")],
-    task: TaskOpt = None,
+    task: EvaluateTaskOpt = None,
     validation_file: ValFileOpt = None,
     data_dir: DataDirOpt = None,
     split: Annotated[str, typer.Option("--split", help="Split to score.")] = "validation",
@@ -432,8 +492,13 @@ def evaluate(
         int | None, typer.Option("--limit", help="Language models: score only this many items (books, questions).")
     ] = None,
 ):
-    """Score a run: MLM loss/accuracy for a pretraining run, task metrics for a finetuning run; a language
-    model on its own validation rows, or on phonebook, squad_v2, infilling or lm-eval:TASKS.
+    """Score a run (encoder or language model); the metrics go to RUN/eval/TASK-SPLIT.json (or --out).
+
+    Encoders: MLM loss/accuracy of a pretraining run, task metrics of a finetuning run (--submission: GLUE files).
+
+    Language models: loss on their own validation rows, or Birdie's evaluations (phone book, SQuAD v2, infilling).
+
+    Language models also run lm-evaluation-harness tasks: --task lm-eval:TASKS (needs ssmlm's 'harness' extra).
 
     Example: ssmlm evaluate --ckpt runs/default-builtin-order
     Example: ssmlm evaluate --ckpt runs/birdie_gated_ssm-phonebook --task phonebook
@@ -494,7 +559,7 @@ def results(
     split: Annotated[str, typer.Option("--split")] = "validation",
     out: Annotated[str | None, typer.Option("--out", help="Save as .csv or .md.")] = None,
 ):
-    """Gather `evaluate` results into one table laid out like BiGS Table 1 (rows: arch / route).
+    """Gather encoder runs' `evaluate` results into one table laid out like BiGS Table 1 (rows: arch / route).
 
     Example: ssmlm results runs/*-mnli runs/*-sst2 --out table1.md
     """
