@@ -358,7 +358,7 @@ class Runner:
 
     def __call__(self, stage: str, recipe, run_dir: Path, label: str, result) -> tuple[dict, float, bool]:
         from ssmlm.progress import console
-        from ssmlm.train import stages
+        from ssmlm.train import drive
 
         self.done += 1
         t0 = time.time()
@@ -369,7 +369,7 @@ class Runner:
         else:
             quiet, console.quiet = console.quiet, True  # "initialised from ..." / "resuming ..." lines
             try:
-                summary = getattr(stages, stage)(recipe, run_dir, quiet=True)
+                summary = getattr(drive, stage)(recipe, run_dir, quiet=True)
             finally:
                 console.quiet = quiet
         dt = time.time() - t0

@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 
 from ssmlm import checks
 from ssmlm.errors import Interrupted, UserError
+from ssmlm.models.config import is_lm
 
 # What Typer raises for a command-line mistake: Click's ClickException (recent Typer versions vendor Click).
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -224,7 +225,7 @@ def pretrain(
 
         return _print_plan(plan(r))
     from ssmlm.analyze.plots import LossPlot
-    from ssmlm.train.stages import pretrain as run_pretrain
+    from ssmlm.train.drive import pretrain as run_pretrain
 
     run_dir = _run_dir(r, name)
     summary = run_pretrain(r, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
@@ -256,7 +257,7 @@ def extend_length(
     checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
     checks.inputs(r, tokenizer=False)  # the tokenizer is the source run's
     from ssmlm.analyze.plots import LossPlot
-    from ssmlm.train.stages import pretrain as run_pretrain
+    from ssmlm.train.drive import pretrain as run_pretrain
 
     src = Path(r.train.init_from)
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
@@ -382,26 +383,20 @@ def finetune(
     if not ckpt:
         raise UserError("finetune needs a checkpoint: pass --ckpt RUN_DIR (or --init-from FINETUNED_RUN)")
     checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
-    lm = _is_lm_run(ckpt)
+    lm = is_lm(_run_arch(ckpt))
     r = _load(recipe, set_, LM_FINETUNE_RECIPES.get(task, "lm_finetune") if lm else "finetune_default")
     _check_training_options(name, stop_after)
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
     r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir)
-    if lm:
-        return _finetune_lm(r, ckpt, name, quiet, stop_after, seed_list)
-    checks.inputs(r, data=False)  # the corpus and tokenizer are the source run's
-    from ssmlm.data.tasks import get_task
-
-    if r.task.name:
-        get_task(r.task.name)  # an unknown task name is reported before the slow imports
+    num_labels = _check_lm_task(r, ckpt) if lm else _check_encoder_task(r)
     if dry_run:
         from ssmlm.train.plan import plan_finetune
 
-        k = r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
-        return _print_plan(plan_finetune(r, ckpt, k))
-    from ssmlm.train.stages import finetune as run_finetune
+        return _print_plan(plan_finetune(r, ckpt, num_labels))
+    from ssmlm.analyze.plots import LossPlot
+    from ssmlm.train.drive import finetune as run_finetune
 
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
@@ -410,10 +405,10 @@ def finetune(
     for seed in seed_list:
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
-        summary = run_finetune(rs, run_dir, quiet=quiet, stop_after=stop_after)
+        summary = run_finetune(rs, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
         _print_summary(summary, run_dir)
         best = summary.get("best_validation")
-        if best:
+        if best and not lm:
             values = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split"))
             typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): "
                        f"{values} (optimistic: the official BiGS script reports this one)")  # fmt: skip
@@ -426,31 +421,33 @@ def finetune(
 LM_FINETUNE_RECIPES = {"phonebook": "phonebook_finetune", "instruct": "instruct_finetune"}
 
 
-def _is_lm_run(ckpt: str) -> bool:
+def _run_arch(ckpt: str) -> str:
+    """model.arch of a run directory, read from its recipe.yaml without building anything."""
     import yaml
 
     raw = yaml.safe_load((Path(ckpt).expanduser() / "recipe.yaml").read_text()) or {}
-    return (raw.get("objective") or {}).get("kind") == "lm"
+    return (raw.get("model") or {}).get("arch", "bigs")
 
 
-def _finetune_lm(r, ckpt: str, name: str | None, quiet: bool, stop_after: int | None, seeds: list) -> None:
-    from ssmlm.train.lm_finetune import LM_TASKS
+def _check_encoder_task(r) -> int:
+    """An encoder's task: its files exist and its name is known (before the slow imports); its label count."""
+    checks.inputs(r, data=False)  # the corpus and tokenizer are the source run's
+    from ssmlm.data.tasks import get_task
+
+    if r.task.name:
+        get_task(r.task.name)
+    return r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
+
+
+def _check_lm_task(r, ckpt: str) -> int:
+    from ssmlm.train.parts.prompts import LM_TASKS
 
     if r.task.name not in LM_TASKS:
         raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
                         f"{', '.join(LM_TASKS)}")  # fmt: skip
     if r.task.name == "instruct" and not r.task.train_file:
         raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
-    from ssmlm.analyze.plots import LossPlot
-    from ssmlm.train.lm_finetune import finetune_lm
-
-    r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
-    base = name or f"{Path(ckpt).name}-{r.task.name}"
-    for seed in seeds:
-        rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
-        run_dir = _run_dir(rs, base if seed is None else f"{base}-seed{seed}")
-        summary = finetune_lm(rs, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
-        _print_summary(summary, run_dir)
+    return 0
 
 
 def _report_seeds(summaries: list[dict], seeds: list[int], path: Path) -> None:

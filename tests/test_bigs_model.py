@@ -536,15 +536,16 @@ def test_pooler_input_stays_bounded_after_pretraining(tmp_path, corpus_file):
     from conftest import tiny_recipe
 
     from ssmlm.recipe import load_recipe
-    from ssmlm.train import stages
+    from ssmlm.runs import open_run
+    from ssmlm.train.drive import pretrain
 
     d = 32
     model = {"hidden_size": d, "num_layers": 2, "intermediate_size": 96}
     path = tiny_recipe(
         tmp_path / "r.yaml", corpus_file, model, train={"steps": 60, "batch_size": 16, "learning_rate": 1e-2}
     )
-    stages.pretrain(load_recipe(str(path)), tmp_path / "runs/scale", quiet=True)
-    model, _ = stages.open_run(tmp_path / "runs/scale").load_model()
+    pretrain(load_recipe(str(path)), tmp_path / "runs/scale", quiet=True)
+    model, _ = open_run(tmp_path / "runs/scale").load_model()
     ids = jnp.asarray(np.random.default_rng(0).integers(5, 150, (8, 32)), jnp.int32)
     h = model.encoder(ids, attention_mask=jnp.ones_like(ids))
     pooled = np.linalg.norm(np.asarray(h.mean(1)), axis=-1)

@@ -215,7 +215,7 @@ def test_model_is_a_multiple_choice_head(base):
 
 def test_best_validation_by_the_task_selection_metric(tmp_path):
     from ssmlm.data.tasks import get_task
-    from ssmlm.train.stages import best_validation
+    from ssmlm.train.parts import best_validation
 
     rows = [
         {"step": 10, "split": "train", "loss": 1.0, "spearman": 0.99},  # not a validation row

@@ -242,7 +242,7 @@ def test_each_family_pools_as_its_paper():
 
 def test_padding_longest_is_refused_where_padding_would_change_predictions():
     from ssmlm.errors import UserError
-    from ssmlm.train.stages import check_padding
+    from ssmlm.train.parts.task import check_padding
 
     for arch in ARCHS:
         check_padding(tiny(arch), "longest")  # default: every family is padding-invariant

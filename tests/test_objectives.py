@@ -117,7 +117,7 @@ def test_dataset_fingerprint_ignores_masking(tmp_path, corpus_file):
 
 def test_next_token_objective_trains_bigs_through_the_loop(tmp_path, corpus_file):
     """The loop does not assume MLM: a recipe's `objective: {kind: next_token}` trains a tiny BiGS."""
-    from ssmlm.train.stages import pretrain
+    from ssmlm.train.drive import pretrain
 
     path = tiny_recipe(tmp_path / "r.yaml", corpus_file, objective={"kind": "next_token"},
                        train={"steps": 30, "batch_size": 8, "learning_rate": 3e-3, "log_every": 5})  # fmt: skip
@@ -161,7 +161,7 @@ def _controlled_run(recipe, run_dir, stop_after=None, seen=None):
             seen[step] = shift
         return obj.train_batch(sampler(step), step + shift, None)
 
-    from ssmlm.train.stages import token_eval_data
+    from ssmlm.train.parts.mlm import token_eval_data
 
     stage = loop.Stage("pretrain", build_mlm(recipe.model, 0), obj.loss, batches, recipe.train.steps,
                        recipe.train.batch_size * 32, obj.eval, token_eval_data(data_dir, obj, 8, 2), obj.score,
@@ -204,7 +204,7 @@ def test_evaluation_compiles_once(tmp_path, corpus_file):
 
     loop.make_eval_step = counting
     try:
-        from ssmlm.train.stages import pretrain
+        from ssmlm.train.drive import pretrain
 
         path = tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 6, "eval_every": 2, "eval_batches": 2})
         pretrain(load_recipe(str(path)), tmp_path / "runs/ev", quiet=True)

@@ -279,7 +279,7 @@ def test_training_logs_the_rules(tmp_path, corpus_file):
     assert "parameter rules" in r.output and "words" in r.output
     r = CliRunner().invoke(app, args)  # resumes: the frozen group's (empty) optimizer state restores too
     assert r.exit_code == 0 and "resuming" in r.output, r.output
-    from ssmlm.train.stages import open_run
+    from ssmlm.runs import open_run
 
     model, meta = open_run(tmp_path / "runs/frozen").load_model()
     rows = {x["name"]: x for x in meta["param_rules"]}

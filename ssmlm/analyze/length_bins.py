@@ -118,7 +118,7 @@ def predict(run, arrays: dict, batch_size: int = 32, model=None):
 
     from ssmlm.evaluate import runner
     from ssmlm.objectives.tasks import HEADS
-    from ssmlm.train.stages import task_eval_data
+    from ssmlm.train.parts.task import task_eval_data
 
     if model is None:
         model, _ = run.load_model()

@@ -41,8 +41,6 @@ def _task_key(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
 
 
-
-
 def _model_label(r: dict) -> str:
     """An explicit "label", else "arch / route" (route looked up for known archs), else the run's name."""
     if r.get("label"):

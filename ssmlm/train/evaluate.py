@@ -13,7 +13,9 @@ from ssmlm.errors import UserError
 from ssmlm.evaluate.runner import predictions, run_eval
 from ssmlm.objectives.tasks import HEADS, prepare
 from ssmlm.runs import Run
-from ssmlm.train.stages import lm_eval_data, lm_objective, task_eval_data, token_eval_data
+from ssmlm.train.parts.lm import lm_eval_data, lm_objective
+from ssmlm.train.parts.mlm import token_eval_data
+from ssmlm.train.parts.task import task_eval_data
 
 
 def evaluate(

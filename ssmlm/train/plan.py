@@ -40,7 +40,7 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
     """What a run of ``recipe`` would build and cost. Nothing is allocated, read or written."""
     cfg = with_vocab(recipe.model, _vocab_size(recipe))
     seq_len = recipe.seq_len if kind != "finetune" else (recipe.task.max_seq_length or cfg.max_seq_length)
-    if kind == "finetune":
+    if kind == "finetune" and not is_lm(cfg.arch):  # a language model finetunes as itself
         model = abstract(lambda: build_classifier(cfg, num_labels or 2))
         preds = None
     else:

@@ -1,0 +1,106 @@
+"""The one driver behind `ssmlm pretrain`, `extend-length` and `finetune`.
+
+Every kind of work does the same setup — distributed start, the batch-layout check, the source run, the run
+directory (written only once the data and the model are ready, removed again if nothing was trained), the
+tokenizer copy, the loop, the summary — and differs only in its parts (ssmlm.train.parts): which model,
+objective, batches, controller and selection rule. Which parts run is decided here, once: by the kind of work
+and by whether the model family is a language model (``ssmlm.models.is_lm``, the family registry's word).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from ssmlm.errors import UserError
+from ssmlm.recipe import Recipe
+from ssmlm.runs import Run, atomic_write, open_run, prepare_run_dir, removed_on_failure, sha256
+from ssmlm.train import loop
+from ssmlm.train.mesh import barrier, check_batch, make_mesh, maybe_initialize_distributed
+from ssmlm.train.parts import best_validation
+
+# (kind of work, language model?) -> the parts module (ssmlm.train.parts.*)
+PARTS = {
+    ("pretrain", False): "mlm",
+    ("extend-length", False): "mlm",
+    ("finetune", False): "task",
+    ("pretrain", True): "lm",
+    ("finetune", True): "prompts",
+}
+NEEDS_SOURCE = {
+    "extend-length": "extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)",
+    "finetune": "finetune needs a pretrained run: pass --ckpt RUN_DIR",
+}
+
+
+def check_layout(recipe: Recipe) -> None:
+    """The batch splits over this machine's devices as the mesh asks (known only once jax sees the devices)."""
+    check_batch(recipe.train.batch_size // recipe.train.grad_accum, make_mesh(recipe.mesh))
+
+
+def source_run(recipe: Recipe, kind: str) -> Run | None:
+    if kind not in NEEDS_SOURCE:
+        return None
+    if not recipe.train.init_from:
+        raise UserError(NEEDS_SOURCE[kind])
+    return open_run(recipe.train.init_from)
+
+
+def parts_for(kind: str, arch: str):
+    """The parts module of ``kind`` of work on a model of ``arch`` (ssmlm.train.parts.*)."""
+    from ssmlm.models import is_lm
+
+    name = PARTS.get((kind, is_lm(arch)))
+    if name is None:
+        raise UserError(f"{kind} is for encoders; a language model ({arch}) is pretrained only")
+    return importlib.import_module(f"ssmlm.train.parts.{name}")
+
+
+def drive(
+    kind: str, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None,
+    hooks: list | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``kind`` (pretrain | extend-length | finetune) of ``recipe`` in ``run_dir``, resuming from its newest
+    checkpoint; ``stop_after`` ends this invocation after that many more steps, with a checkpoint."""
+    maybe_initialize_distributed()
+    # finetuning follows the source run's family; pretraining and extend-length the recipe's (and an extended
+    # source must be of a family that extends too)
+    own = None if kind == "finetune" else parts_for(kind, recipe.model.arch)
+    source = source_run(recipe, kind)
+    of_source = parts_for(kind, source.recipe.model.arch) if source is not None else None
+    parts = own or of_source
+    work = parts.prepare(recipe, kind, source, quiet)
+    check_layout(work.recipe)
+    stage = work.stage
+    stage.hooks = [*stage.hooks, *(hooks or [])]
+    lead = jax.process_index() == 0
+    with removed_on_failure(run_dir):
+        if lead:
+            prepare_run_dir(run_dir, work.recipe, work.info)
+            shutil.copyfile(work.tokenizer, run_dir / "tokenizer.json")
+            for name, text in work.files.items():
+                atomic_write(run_dir / name, text)
+        barrier("run-dir")
+        stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
+        summary = loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
+    if lead:
+        summary.update(work.summary)
+        if work.selection:
+            summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", work.selection)
+        atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", **kw) -> dict[str, Any]:
+    """`ssmlm pretrain` (kind 'pretrain') and `ssmlm extend-length` (kind 'extend-length')."""
+    return drive(kind, recipe, run_dir, **kw)
+
+
+def finetune(recipe: Recipe, run_dir: Path, **kw) -> dict[str, Any]:
+    """`ssmlm finetune`: a task head on an encoder run, or prompt/response pairs on a language-model run."""
+    return drive("finetune", recipe, run_dir, **kw)

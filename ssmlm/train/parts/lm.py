@@ -1,0 +1,113 @@
+"""Language-model pretraining (Birdie's families): the recipe's objective mixture on documents, every step's
+rows packed on the host from (seed, step, mixture) alone, so a resumed run reads exactly the rows an
+uninterrupted one would and each process builds only its own rows; with ``objective.mixture: birdie`` the
+controller (reward model) moves the mixture while training runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ssmlm.data.preprocess import read_metadata
+from ssmlm.errors import UserError
+from ssmlm.progress import console
+from ssmlm.recipe import Recipe
+from ssmlm.runs import Run
+from ssmlm.train import loop
+from ssmlm.train.parts import Work, local_rows, preprocessed
+
+
+def lm_objective(recipe: Recipe, data_dir: Path, rows: tuple[int, int] | None = None):
+    """The LM objective of a recipe over its preprocessed documents (training and ``ssmlm evaluate``), built
+    through ``objectives.OBJECTIVES['lm']``; a dynamic mixture also evaluates
+    ``objective.controller.validation_rows`` rows per configuration."""
+    from ssmlm.data.reserved import reserved_ids
+    from ssmlm.data.shards import TokenDocuments
+    from ssmlm.data.tokenizer import load_lm_tokenizer
+    from ssmlm.objectives import build_lm
+
+    tok = load_lm_tokenizer(data_dir / "tokenizer.json")
+    try:
+        return build_lm(recipe.objective, reserved_ids(tok.token_to_id), TokenDocuments(data_dir, "train"),
+                        TokenDocuments(data_dir, "validation"), recipe.seq_len, recipe.data.seed,
+                        batch_size=recipe.train.batch_size, rows=rows)  # fmt: skip
+    except ValueError as e:  # e.g. no configuration of the mixture fits the sequence length
+        raise UserError(f"objective.mixture = {recipe.objective.mixture!r}: {e}") from None
+
+
+def birdie_controller(recipe: Recipe, objective):
+    """Birdie's controller over the objective's configurations (None for a fixed mixture)."""
+    from ssmlm.objectives.birdie.mixtures import DYNAMIC
+
+    if objective.mixture not in DYNAMIC:
+        return None
+    from ssmlm.objectives.birdie.controller import BirdieController, ControllerConfig
+
+    c = recipe.objective.controller
+    settings = ControllerConfig(
+        proposals=c.proposals, pools=c.pools, top_n=c.top_n, grok_iterations=c.grok_iterations, lr=c.learning_rate,
+        weight_decay=c.weight_decay, noise=c.noise, width=c.width, state=c.state_size, layers=c.layers,
+        max_history=c.max_history, explore=c.explore, explore_style=c.explore_style, start=c.start,
+        eval_scale=c.eval_scale,
+    )  # fmt: skip
+    return BirdieController(objective.configs, recipe.train.steps, objective.seed, settings)
+
+
+def lm_eval_data(recipe: Recipe, objective):
+    """() -> the fixed validation batches (rows are generated: "the whole split" has no meaning here, so
+    train.eval_batches = 0 means 8); None without validation documents."""
+    n = recipe.train.eval_batches or 8
+    return (lambda: objective.eval_batches(n)) if len(objective.docs_val) else None
+
+
+def _batches(objective, controller):
+    """(step, controller state) -> the step's batch, under the controller's action when there is one."""
+    if controller is None:
+        return objective.train_batch
+    return lambda step, state=None: objective.train_batch(step, None if state is None else controller.action(state))
+
+
+def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
+    from ssmlm.models import build_lm, with_vocab
+
+    seq_len = recipe.seq_len
+    data_dir = preprocessed(recipe.data, seq_len, quiet, layout="documents")
+    meta = read_metadata(data_dir)
+    recipe = dataclasses.replace(recipe, model=with_vocab(recipe.model, meta["vocab_size"]))
+    objective = lm_objective(recipe, data_dir, rows=local_rows(recipe.train.batch_size))
+    model = build_lm(recipe.model, seed=recipe.train.seed)
+    eval_data = lm_eval_data(recipe, objective)
+    no_val = (f"data.validation_fraction = {recipe.data.validation_fraction} of {meta['documents']} documents "
+              "held none out (a corpus of few long files: split them, or raise it)")  # fmt: skip
+    controller = birdie_controller(recipe, objective)
+    if controller is not None and eval_data is None:
+        raise UserError(f"objective.mixture: birdie learns from validation losses, but {no_val}")
+    if eval_data is None and not quiet:
+        console.print(f"[yellow]no validation: {no_val}")
+    if objective.dropped and not quiet:
+        left = ", ".join(objective.dropped)
+        console.print(f"[yellow]{len(objective.dropped)} of the mixture's configurations cannot make a sample in "
+                      f"{seq_len} tokens and are left out:[/] {left}", soft_wrap=True)  # fmt: skip
+    eval_steps = set(controller.eval_steps()) if controller is not None else set()
+    stage = loop.Stage(
+        kind="pretrain",
+        model=model,
+        loss_fn=objective.loss,
+        batches=_batches(objective, controller),
+        total_steps=recipe.train.steps,
+        tokens_per_step=recipe.train.batch_size * seq_len,
+        eval_fn=objective.eval,
+        eval_data=eval_data,
+        score=objective.score,
+        meta={
+            "data_dir": str(data_dir),
+            "data_fingerprint": meta["fingerprint"],
+            "objective": f"lm/{objective.mixture}",
+            "configs": [c.name for c in objective.configs],
+        },
+        controller=controller,
+        eval_at=eval_steps.__contains__ if eval_steps else None,
+        predictions_per_row=None,  # the LM head is a dense layer at every position: counted with the rest
+    )
+    info = {"kind": "pretrain", "data_dir": str(data_dir), "source": None}
+    return Work(recipe, stage, info, data_dir / "tokenizer.json")

@@ -1,0 +1,107 @@
+"""Language-model finetuning on prompt/response pairs: `ssmlm finetune --ckpt LM_RUN --task phonebook|instruct`.
+
+The prompt is the bidirectional prefix and the response the causal target (closed by END), several pairs
+packed per row in the START layout the model was pretrained on (``ssmlm.objectives.prompts``); the whole
+model is copied from the source run. Validation reports the target-token loss and the share of responses the
+model reproduces exactly under teacher forcing (which is what greedy decoding would generate); `ssmlm evaluate
+--task phonebook` then decodes for real.
+
+Tasks: ``phonebook`` (Birdie §4.3, A.9: generated books, ``task.phonebook``) and ``instruct`` (App. A.12:
+``task.train_file`` = a local JSONL of prompt/response pairs or a hub alias, ``ssmlm.data.instruct``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from ssmlm.errors import UserError
+from ssmlm.progress import console
+from ssmlm.recipe import Recipe
+from ssmlm.runs import Run
+from ssmlm.train import loop
+from ssmlm.train.parts import Work, local_rows, source_weights, total_steps
+
+LM_TASKS = {
+    "phonebook": "Birdie phone-book retrieval: generated books, the numbers of the queried names (finetune, evaluate)",
+    "instruct": "instruction tuning on prompt/response pairs: --train-file JSONL, or flan / openhermes from the hub",
+}
+
+
+def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int) -> tuple[list[dict], list[dict]]:
+    """(training, validation) prompt/response pairs of the recipe's task."""
+    task = recipe.task
+    seed = recipe.train.seed
+    if task.name == "phonebook":
+        from ssmlm.data.phonebook import phonebook_books
+
+        pb = task.phonebook
+        # validation books come from another seed stream than the training books (never the same book)
+        train = phonebook_books(pb, tokenizer, seq_len, pb.train_books, seed)
+        val = phonebook_books(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003)
+        return [b.to_dict() for b in train], [b.to_dict() for b in val]
+    if task.name == "instruct":
+        from ssmlm.data.instruct import load_pairs
+
+        if not task.train_file:
+            raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes")
+        train = load_pairs(task.train_file, "train", seed=seed)
+        if task.validation_file:
+            return train, load_pairs(task.validation_file, "validation", seed=seed)
+        k = min(task.validation_examples, len(train) // 10)  # a held-out tail: a tenth at most
+        return (train[:-k], train[-k:]) if k else (train, [])
+    known = ", ".join(LM_TASKS)
+    raise UserError(f"--task {task.name!r}: a language model finetunes on {known}")
+
+
+def resolve(recipe: Recipe, source: Run, seq_len: int) -> Recipe:
+    """The source's model (this recipe's dropout; the recurrences have no position table, so finetuning may
+    use longer rows than pretraining did), data and objective sections; the task's row length."""
+    src = source.recipe
+    model = dataclasses.replace(src.model, dropout=recipe.model.dropout,
+                                max_seq_length=max(seq_len, src.model.max_seq_length))  # fmt: skip
+    task = dataclasses.replace(recipe.task, max_seq_length=seq_len)
+    return dataclasses.replace(recipe, model=model, data=src.data, objective=src.objective, task=task)
+
+
+def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
+    from ssmlm.data.reserved import END
+    from ssmlm.models import build_lm
+    from ssmlm.objectives.prompts import PromptResponseObjective
+
+    tok = source.tokenizer()
+    if tok.token_to_id(END) is None:
+        raise UserError(f"{source.dir}: its tokenizer predates the END token; pretrain it again with this ssmlm")
+    seq_len = recipe.task.max_seq_length or source.recipe.model.max_seq_length
+    recipe = resolve(recipe, source, seq_len)
+    train, val = prompt_pairs(recipe, tok, seq_len)
+    if not train:
+        raise UserError(f"task {recipe.task.name}: no training pairs")
+    t = recipe.train
+    objective = PromptResponseObjective(train, val, tok, seq_len, t.batch_size, t.seed,
+                                        # end_half runs saw it at the start half the time: lead with it
+                                        paradigm="none" if recipe.objective.paradigm == "none" else "start",
+                                        rows=local_rows(t.batch_size))  # fmt: skip
+    model = build_lm(recipe.model, seed=t.seed)
+    source_weights(model, source)
+    if not quiet:
+        console.print(f"{recipe.task.name}: {len(train):,} training pairs in {objective.steps_per_epoch:,} steps "
+                      f"per epoch, {len(val):,} validation pairs, rows of {seq_len} tokens")  # fmt: skip
+    stage = loop.Stage(
+        kind="finetune",
+        model=model,
+        loss_fn=objective.loss,
+        batches=objective.train_batch,
+        total_steps=total_steps(t, objective.steps_per_epoch),
+        tokens_per_step=t.batch_size * seq_len,
+        eval_fn=objective.eval if val else None,
+        eval_data=objective.eval_batches if val else None,
+        score=objective.score,
+        meta={"task": recipe.task.name, "steps_per_epoch": objective.steps_per_epoch},
+    )
+    info = {"kind": "finetune", "source": str(source.dir), "task": recipe.task.name, "head": "lm",
+            "metrics": ["exact_match", "loss", "token_accuracy"]}  # fmt: skip
+    files = {}
+    if recipe.task.name == "phonebook":  # what was validated on, for the record
+        files["phonebook-validation.jsonl"] = "".join(json.dumps(p) + "\n" for p in val)
+    return Work(recipe, stage, info, source.dir / "tokenizer.json", files, selection="exact_match")
