@@ -1,6 +1,6 @@
 """Objectives: how token rows become training examples, and the losses, evaluations and scores that go
 with them. An objective is small and pure: its batches are a function of (seed, step, rows) and, for the
-mixtures to come, of a controller's state — never of hidden generator state — so a resumed run sees exactly
+Birdie mixtures, of a controller's state — never of hidden generator state — so a resumed run sees exactly
 the batches an uninterrupted one would.
 
     batch.py       the typed Batch every objective produces and every loss reads
