@@ -6,152 +6,61 @@ built or written. Messages have the loader's shape, naming where the value came 
     <recipe file or --set>: '<dotted.key>' = <value>: expected <what>
     --stop-after = -3: expected at least 1
 
-Nothing heavy is imported here, so a mistake is reported at once. A new recipe field gets a line in FIELDS
-(or in RELATIONS when it depends on another field).
+Nothing heavy is imported here, so a mistake is reported at once. The ranges of each section's fields live
+beside its dataclasses (ssmlm.models.config, ssmlm.data.config, ssmlm.objectives.config, ssmlm.train.config)
+and are assembled into FIELDS here; a new recipe field gets a line in its package's table (or in RELATIONS
+here when it depends on another field). The rules themselves (Rule, POSITIVE, …) are ssmlm.schema's.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ssmlm.data.config import DATA_RANGES, TASK_RANGES
 from ssmlm.errors import CheckpointError, RecipeError, UserError
+from ssmlm.models.config import RANGES as MODEL_RANGES
 from ssmlm.models.config import is_lm, lm_archs
+from ssmlm.objectives.config import OBJECTIVE_RANGES
+from ssmlm.schema import (
+    FRACTION,
+    MESH_AXIS,
+    NON_EMPTY,
+    NON_NEGATIVE,
+    POSITIVE,
+    REGEX,
+    RUN_NAME,
+    SEQ_LEN,
+    Rule,
+    above,
+    at_least,
+    within,
+)
+from ssmlm.train.config import MESH_RANGES, TRAIN_RANGES
 
+# the rules (ssmlm.schema), importable from here as well: checks.POSITIVE, checks.Rule, …
+__all__ = [
+    "FIELDS", "FRACTION", "MESH_AXIS", "NON_EMPTY", "NON_NEGATIVE", "POSITIVE", "REGEX", "RELATIONS", "RUN_NAME",
+    "SEQ_LEN", "Rule", "above", "at_least", "option", "run_dir", "seeds", "validate", "within",
+]  # fmt: skip
 
-@dataclass(frozen=True)
-class Rule:
-    ok: Callable[[Any], bool]
-    expected: str
-
-    def holds(self, value) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False  # nan and inf pass comparisons such as > 0 (or fail them silently)
-        return self.ok(value)
-
-
-def _compiles(pattern: str) -> bool:
-    try:
-        re.compile(pattern)
-    except re.error:
-        return False
-    return True
-
-
-def at_least(n: int) -> Rule:
-    return Rule(lambda v: v >= n, f"at least {n}")
-
-
-def above(x: float) -> Rule:
-    return Rule(lambda v: v > x, f"more than {x:g}")
-
-
-def within(lo: float, hi: float, hi_open: bool = False) -> Rule:
-    if hi_open:
-        return Rule(lambda v: lo <= v < hi, f"a number in [{lo:g}, {hi:g})")
-    return Rule(lambda v: lo <= v <= hi, f"a number in [{lo:g}, {hi:g}]")
-
-
-POSITIVE = at_least(1)
-NON_NEGATIVE = at_least(0)
-FRACTION = within(0, 1)
-MESH_AXIS = Rule(lambda v: v == -1 or v >= 1, "-1 (every remaining device) or at least 1")
-NON_EMPTY = Rule(lambda v: bool(str(v).strip()), "a non-empty string")
-# A run name becomes one directory under train.out_dir: '' would be out_dir itself, 'a/b' or '..' another place.
-RUN_NAME = Rule(lambda v: v.strip() not in ("", ".", "..") and "/" not in v and "\\" not in v,
-                "a non-empty name without '/' (it names the run directory)")  # fmt: skip
-REGEX = Rule(lambda v: bool(v) and _compiles(v), "a non-empty Python regular expression")
-SEQ_LEN = Rule(lambda v: v >= 8, "at least 8 (room for [CLS], [SEP] and some text)")
+# recipe section -> its package's table of field ranges (keys relative to the section)
+SECTIONS: dict[str, dict[str, Rule]] = {
+    "model": MODEL_RANGES,
+    "data": DATA_RANGES,
+    "objective": OBJECTIVE_RANGES,
+    "task": TASK_RANGES,
+    "train": TRAIN_RANGES,
+    "mesh": MESH_RANGES,
+}
 
 # dotted field -> allowed values (None always passes where the field allows it: it means "derive it").
 # 'list[].field' is a field of every item of a list of sections.
 FIELDS: dict[str, Rule] = {
     "name": RUN_NAME,
-    "model.vocab_size": POSITIVE,
-    "model.hidden_size": POSITIVE,
-    "model.num_layers": POSITIVE,
-    "model.intermediate_size": POSITIVE,
-    "model.max_seq_length": SEQ_LEN,
-    "model.num_ssm": POSITIVE,
-    "model.type_vocab_size": POSITIVE,
-    "model.dropout": within(0, 1, hi_open=True),
-    "model.layer_norm_eps": above(0),
-    "model.initializer_range": above(0),
-    "model.num_heads": POSITIVE,
-    "model.tiny_attention_size": POSITIVE,
-    "data.source": NON_EMPTY,
-    "data.text_field": NON_EMPTY,
-    "data.max_documents": POSITIVE,
-    "data.tokenizer": NON_EMPTY,
-    "data.vocab_size": POSITIVE,
-    "data.max_seq_length": SEQ_LEN,
-    "data.short_seq_prob": FRACTION,
-    "data.validation_fraction": within(0, 1, hi_open=True),
-    "data.seed": NON_NEGATIVE,
-    "objective.masked_lm_prob": Rule(lambda v: 0 < v <= 1, "a probability in (0, 1]"),
-    "objective.max_predictions": POSITIVE,
-    "objective.duplicate_factor": POSITIVE,
-    "objective.seed": NON_NEGATIVE,
-    "objective.spacing": NON_NEGATIVE,
-    "objective.min_sample_space": POSITIVE,
-    "objective.controller.eval_scale": above(0),
-    "objective.controller.validation_rows": POSITIVE,
-    "objective.controller.proposals": POSITIVE,
-    "objective.controller.top_n": POSITIVE,
-    "objective.controller.grok_iterations": NON_NEGATIVE,
-    "objective.controller.learning_rate": above(0),
-    "objective.controller.weight_decay": at_least(0),
-    "objective.controller.noise": within(0, 1, hi_open=True),
-    "objective.controller.width": Rule(lambda v: v >= 2 and v % 2 == 0, "an even number >= 2 (RMS_split halves it)"),
-    "objective.controller.state_size": POSITIVE,
-    "objective.controller.layers": POSITIVE,
-    "objective.controller.max_history": at_least(2),
-    "model.state_size": POSITIVE,
-    "model.mlp_expansion": above(0),
-    "model.conv_width": POSITIVE,
-    "model.rope_base": above(0),
-    "model.rg_lru_c": above(0),
-    "model.norm_eps": above(0),
-    "task.num_labels": POSITIVE,
-    "task.phonebook.train_books": POSITIVE,
-    "task.phonebook.validation_books": POSITIVE,
-    "task.phonebook.entries": Rule(lambda v: len(v) == 2 and 1 <= v[0] <= v[1], "[lo, hi] with 1 <= lo <= hi"),
-    "task.phonebook.queries": Rule(lambda v: len(v) == 2 and 1 <= v[0] <= v[1], "[lo, hi] with 1 <= lo <= hi"),
-    "task.validation_examples": NON_NEGATIVE,
-    "task.max_seq_length": SEQ_LEN,
-    "task.text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names"),
-    "train.steps": POSITIVE,
-    "train.epochs": above(0),
-    "train.batch_size": POSITIVE,
-    "train.learning_rate": above(0),
-    "train.warmup_steps": NON_NEGATIVE,
-    "train.warmup_ratio": FRACTION,
-    "train.end_lr_ratio": FRACTION,
-    "train.beta1": within(0, 1, hi_open=True),
-    "train.beta2": within(0, 1, hi_open=True),
-    "train.eps": above(0),
-    "train.weight_decay": Rule(lambda v: v >= 0, "at least 0"),
-    "train.grad_clip": Rule(lambda v: v >= 0, "at least 0 (0 = off)"),
-    "train.grad_accum": POSITIVE,
-    "train.ssm_lr_multiplier": Rule(lambda v: v >= 0, "at least 0"),
-    "train.param_rules[].pattern": REGEX,
-    "train.param_rules[].lr_multiplier": Rule(lambda v: v >= 0, "at least 0 (0 = frozen)"),
-    "train.max_skipped_steps": NON_NEGATIVE,
-    "train.seed": NON_NEGATIVE,
-    "train.log_every": POSITIVE,
-    "train.eval_every": Rule(lambda v: v >= 0, "at least 0 (0 = only at the end)"),
-    "train.eval_batches": Rule(lambda v: v >= 0, "at least 0 (0 = the whole validation split)"),
-    "train.checkpoint_every": Rule(lambda v: v >= 0, "at least 0 (0 = only at the end)"),
-    "train.keep_checkpoints": POSITIVE,
-    "train.peak_flops": above(0),
-    "train.out_dir": NON_EMPTY,
-    "mesh.data": MESH_AXIS,
-    "mesh.fsdp": MESH_AXIS,
-    "mesh.tensor": MESH_AXIS,
+    **{f"{section}.{key}": rule for section, table in SECTIONS.items() for key, rule in table.items()},
 }
 
 
@@ -222,6 +131,12 @@ RELATIONS: list[Relation] = [
         lambda r: r.data.max_seq_length is not None,
         lambda r: r.data.max_seq_length <= r.model.max_seq_length,
         lambda r: f"at most model.max_seq_length = {r.model.max_seq_length}",
+    ),
+    Relation(
+        ("objective.controller.top_n", "objective.controller.proposals"),
+        lambda r: True,
+        lambda r: r.objective.controller.top_n <= r.objective.controller.proposals,
+        lambda r: f"at most objective.controller.proposals = {r.objective.controller.proposals}",
     ),
     Relation(
         ("train.batch_size", "train.grad_accum"),
@@ -311,19 +226,3 @@ def run_dir(path: str | Path, opt: str) -> None:
     d = Path(path).expanduser()
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{opt} {path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
-
-
-def inputs(recipe, data: bool = True, tokenizer: bool = True) -> None:
-    """Local files the recipe names exist (the rest of data checking needs the data itself). ``data`` /
-    ``tokenizer``: whether this command reads the recipe's corpus / tokenizer (finetuning uses the source run's)."""
-    from ssmlm.data.sources import check_source
-
-    if data:
-        check_source(recipe.data.source)
-    tok = recipe.data.tokenizer
-    if data and tokenizer and tok != "train" and not Path(tok).expanduser().exists():
-        raise UserError(f"data.tokenizer '{tok}': no such file (expected 'train', a vocab.txt or tokenizer.json)")
-    for key in ("train_file", "validation_file", "test_file", "data_dir"):
-        path = getattr(recipe.task, key)
-        if path and not Path(path).expanduser().exists():
-            raise UserError(f"task.{key} '{path}': no such {'directory' if key == 'data_dir' else 'file'}")

@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from ssmlm import checks
+from ssmlm.data.sources import check_inputs
 from ssmlm.errors import Interrupted, UserError
 from ssmlm.models.config import is_lm
 
@@ -183,7 +184,7 @@ def preprocess(
     Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
     """
     r = _load(recipe, set_, "default")
-    checks.inputs(r)
+    check_inputs(r)
     from ssmlm.data.preprocess import preprocess as run_preprocess
     from ssmlm.data.preprocess import read_metadata
 
@@ -219,7 +220,7 @@ def pretrain(
     """
     r = _load(recipe, set_, "default")
     _check_training_options(name, stop_after)
-    checks.inputs(r)
+    check_inputs(r)
     if dry_run:
         from ssmlm.train.plan import plan
 
@@ -255,7 +256,7 @@ def extend_length(
     if not r.train.init_from:
         raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
     checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
-    checks.inputs(r, tokenizer=False)  # the tokenizer is the source run's
+    check_inputs(r, tokenizer=False)  # the tokenizer is the source run's
     from ssmlm.analyze.plots import LossPlot
     from ssmlm.train.drive import pretrain as run_pretrain
 
@@ -431,7 +432,7 @@ def _run_arch(ckpt: str) -> str:
 
 def _check_encoder_task(r) -> int:
     """An encoder's task: its files exist and its name is known (before the slow imports); its label count."""
-    checks.inputs(r, data=False)  # the corpus and tokenizer are the source run's
+    check_inputs(r, data=False)  # the corpus and tokenizer are the source run's
     from ssmlm.data.tasks import get_task
 
     if r.task.name:

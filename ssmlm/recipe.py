@@ -4,6 +4,10 @@ A recipe is plain data. Loading goes: safe-load YAML -> merge over its ``base:``
 ``--set a.b=value`` overrides -> validate into dataclasses -> check value ranges (ssmlm.checks). Defaults
 live in exactly one place, the dataclasses; validation errors name the file, the dotted key and what was
 expected.
+
+This module only loads, merges and dispatches. The sections' dataclasses and the ranges of their fields
+belong to the packages that read them: ``model:`` ssmlm.models.config, ``data:`` and ``task:``
+ssmlm.data.config, ``objective:`` ssmlm.objectives.config, ``train:`` and ``mesh:`` ssmlm.train.config.
 """
 
 from __future__ import annotations
@@ -21,170 +25,21 @@ from typing import Any, Literal
 import yaml
 
 from ssmlm.checks import validate
+from ssmlm.data.config import DataConfig, PhonebookSettings, TaskConfig
 from ssmlm.errors import RecipeError
 from ssmlm.models.config import FAMILIES, ModelConfig, config_class, owners
+from ssmlm.objectives.config import ControllerSettings, ObjectiveConfig
+from ssmlm.train.config import MeshConfig, ParamRuleConfig, TrainConfig
+
+__all__ = [
+    "ControllerSettings", "DataConfig", "MeshConfig", "ModelConfig", "ObjectiveConfig", "ParamRuleConfig",
+    "Origins", "PhonebookSettings", "Recipe", "TaskConfig", "TrainConfig", "apply_overrides", "builtin_recipes",
+    "from_dict", "load_raw", "load_recipe", "parse_override", "resolve_path",
+]  # fmt: skip
 
 # ----------------------------------------------------------------------------- sections
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """Pretraining corpus and tokenizer: what `ssmlm preprocess` turns into token shards (no masking: that is
-    the objective's)."""
-
-    source: str = "builtin"  # builtin | a file, directory or glob (txt/jsonl/csv/parquet) | hub:NAME[:CONFIG]
-    text_field: str = "text"  # column holding the text in jsonl/csv/parquet/hub sources
-    split: str = "train"  # hub split
-    max_documents: int | None = None  # cap on documents read (None: all)
-    tokenizer: str = "train"  # 'train' one on the corpus, or a vocab.txt / tokenizer.json path
-    # wordpiece (the encoders'), or byte_bpe: a lossless byte-level BPE with the LM reserved tokens (LM recipes)
-    tokenizer_type: Literal["wordpiece", "byte_bpe"] = "wordpiece"
-    vocab_size: int = 30522  # when training a tokenizer
-    lowercase: bool = True
-    max_seq_length: int | None = None  # None: the model's max_seq_length
-    short_seq_prob: float = 0.1  # chance of a shorter target length, as in BERT data generation
-    # how a document's lines become rows (ssmlm.data.masking): fill = cut into rows of exactly the target
-    # length, a line's overflow starting the next row (nothing lost); bert = create_pretraining_data: whole
-    # lines up to the target, overflow trimmed (discards text); full = fill across documents, [SEP] between
-    packing: Literal["fill", "bert", "full"] = "fill"
-    validation_fraction: float = 0.01  # documents held out for evaluation
-    seed: int = 42
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerSettings:
-    """Birdie's dynamic mixture (objective.mixture: birdie): when it evaluates, its reward model and how it
-    chooses the next action (birdie_official.md §2). Defaults are the paper's (v1); shrink them for tiny runs."""
-
-    eval_scale: float = 1.0  # evaluations at the paper's steps 10, 50, 250, 500, 1000, 1500, 2000, +1000 … × this
-    validation_rows: int = 2  # fixed validation rows (of seq_len) per configuration, the reward's losses
-    proposals: int = 2048  # random candidate actions scored per choice
-    pools: Literal["uniform", "pareto"] = "uniform"  # pareto: v2's three heavy-tailed pools as well
-    top_n: int = 8  # the chosen action is the mean of the best-scored candidates
-    grok_iterations: int = 200  # reward-model updates after every evaluation
-    learning_rate: float = 5.0e-4
-    weight_decay: float = 0.1
-    noise: float = 0.02  # inputs and rewards × U[1 − noise, 1 + noise] at every update (v1)
-    width: int = 256  # reward model: Gated-SSM blocks of this width
-    state_size: int = 512
-    layers: int = 4
-    max_history: int = 256  # evaluations the reward model sees (older ones are dropped)
-    explore: bool = True  # code only (the paper is silent): exploration actions on a decaying schedule
-    explore_style: Literal["v1", "v2"] = "v1"
-    # the action before control starts: uniform = 1/n per configuration (paper A.1.4: "uniform sampling over all
-    # configurations"); class_balanced = the official v1 code's initial action, 1/7 per class, uniform within
-    start: Literal["uniform", "class_balanced"] = "uniform"
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectiveConfig:
-    """How token rows become training examples (ssmlm.objectives): the kind, and its parameters."""
-
-    kind: Literal["mlm", "next_token", "lm"] = "mlm"  # registry: ssmlm.objectives.OBJECTIVES; lm = Birdie's
-    # mlm: static = every row has `duplicate_factor` fixed masked copies (Izsak et al.; the official BiGS
-    # data), dynamic = a fresh mask every step (RoBERTa), a function of (seed, step, row).
-    masking: Literal["static", "dynamic"] = "static"
-    masked_lm_prob: float = 0.15
-    max_predictions: int | None = None  # None: round(masked_lm_prob * length); BiGS shards use 20 at 128
-    duplicate_factor: int = 10  # static masking: differently-masked copies of every row
-    seed: int | None = None  # None: data.seed
-    # lm (the language models; ssmlm.objectives.birdie): the mixture of objective configurations, sampled
-    # per packed sample: clm (next-token only), ul2 (v1 table), ul2_decoder, birdie_fixed (the Birdie grid at
-    # the v1 code's class-balanced initial action, frozen: a stand-in for the paper's unpublished fixed ratios),
-    # birdie (the grid, uniform over its configurations at first; a controller moves the action while training runs).
-    mixture: Literal["clm", "ul2", "ul2_decoder", "birdie_fixed", "birdie"] = "clm"
-    # paradigm token of the sample's objective class: at the start of the prefix, at its end half the time
-    # (paper A.6), or none
-    paradigm: Literal["start", "end_half", "none"] = "start"
-    spacing: int = 0  # pad slots between packed samples (paper A.11); 0: the models mask Conv1D taps instead
-    min_sample_space: int = 32  # a row is closed once less room than this is left
-    controller: ControllerSettings = dataclasses.field(default_factory=ControllerSettings)  # mixture: birdie
-
-
-@dataclasses.dataclass(frozen=True)
-class PhonebookSettings:
-    """task.name: phonebook — generated phone books (Birdie §4.3, A.9): the paper finetunes on books of 8-800
-    entries with 1-32 queried numbers packed to 16,384 tokens; books are shrunk to fit task.max_seq_length."""
-
-    train_books: int = 8000  # 250 steps × batch 32 sees ≥ 8,000 packed books at the paper's length
-    validation_books: int = 64
-    entries: list[int] = dataclasses.field(default_factory=lambda: [8, 800])  # [lo, hi]
-    queries: list[int] = dataclasses.field(default_factory=lambda: [1, 32])  # [lo, hi]
-    form: Literal["qcq", "qc", "cq"] = "qcq"  # question-book-question (the paper's), question first, book first
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskConfig:
-    """A finetuning task: a known name, or local files with named columns."""
-
-    name: str | None = None  # a known task (see `ssmlm finetune --help`), e.g. builtin-order, sst2, mnli
-    train_file: str | None = None
-    validation_file: str | None = None
-    test_file: str | None = None
-    data_dir: str | None = None  # directory in the task's file layout (e.g. GLUE TSVs)
-    text_fields: list[str] | None = None  # one field (single sentence) or two (sentence pair)
-    label_field: str | None = None
-    num_labels: int | None = None  # 1 means regression
-    max_seq_length: int | None = None  # None: the checkpoint's max_seq_length
-    padding: Literal["max_length", "longest"] = "max_length"  # official BiGS: every input padded to the length
-    phonebook: PhonebookSettings = dataclasses.field(default_factory=PhonebookSettings)  # name: phonebook (LMs)
-    validation_examples: int = 256  # instruct without a validation file: this many training pairs held out
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamRuleConfig:
-    """A user's parameter rule (train.param_rules); see ssmlm.models.rules for how rules are matched."""
-
-    pattern: str  # Python regex searched in the '/'-joined parameter path, e.g. '(^|/)ssm[^/]*/log_step$'
-    lr_multiplier: float = 1.0  # 0 freezes the parameters it catches
-    weight_decay: bool = True
-    name: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """One training stage (pretrain, extend-length or finetune). Defaults: BiGS Table 7 pretraining."""
-
-    steps: int = 1_000_000  # optimizer updates (ignored when epochs is set)
-    epochs: float | None = None  # finetuning: passes over the training set
-    batch_size: int = 760  # global batch (sequences)
-    learning_rate: float = 6e-4
-    schedule: Literal["cosine", "linear", "constant"] = "linear"
-    warmup_steps: int | None = None  # None: warmup_ratio * total steps
-    warmup_ratio: float = 0.01
-    end_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak (official alpha 0.1)
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-6
-    weight_decay: float = 0.05  # never on biases or LayerNorm parameters
-    grad_clip: float = 0.0  # global-norm clip; 0 = off (Table 7)
-    grad_accum: int = 1  # micro-batches per update (same result, less activation memory)
-    ssm_lr_multiplier: float = 1.0  # learning-rate factor for SSM parameters (S4 practice: < 1; official BiGS: 1)
-    ssm_weight_decay: bool = True  # decay SSM parameters too (official BiGS: yes; S4 practice: no)
-    # Rules tried before the model family's own (first match wins), e.g. [{pattern: "^encoder/embeddings/",
-    # lr_multiplier: 0.0}] freezes the embeddings. See ssmlm.models.rules.
-    param_rules: list[ParamRuleConfig] = dataclasses.field(default_factory=list)
-    max_skipped_steps: int = 10  # updates skipped for a non-finite loss/gradient before the run stops
-    seed: int = 42
-    log_every: int = 10
-    eval_every: int = 0  # 0: only at the end
-    eval_batches: int = 20
-    checkpoint_every: int = 1000
-    keep_checkpoints: int = 2  # the newest N checkpoints are kept
-    keep_best: str | None = None  # also keep the best checkpoint by this validation metric (e.g. mlm_loss, accuracy)
-    peak_flops: float | None = None  # device peak FLOP/s for the MFU estimate (known GPUs/TPUs are looked up)
-    out_dir: str = "runs"
-    init_from: str | None = None  # run directory whose weights start this stage (extend-length, finetune)
-    position_init: Literal["tile", "random"] = "tile"  # extend-length: how new position rows start
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Device mesh: batch over data x fsdp, parameters fully sharded over fsdp and split over tensor."""
-
-    data: int = -1  # -1: every device not used by the other axes
-    fsdp: int = 1
-    tensor: int = 1
+# Each section's dataclasses and the ranges of their fields live beside the package that reads them; they are
+# re-exported here, so ``from ssmlm.recipe import TrainConfig`` works as before.
 
 
 @dataclasses.dataclass(frozen=True)

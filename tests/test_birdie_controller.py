@@ -14,7 +14,6 @@ from ssmlm.errors import UserError
 from ssmlm.models.reward_model import CriticBlock, RewardModel, RMSSplit
 from ssmlm.objectives.birdie.controller import (
     BirdieController,
-    ControllerConfig,
     choose_action,
     class_weights,
     control_from,
@@ -26,6 +25,7 @@ from ssmlm.objectives.birdie.controller import (
     reward,
 )
 from ssmlm.objectives.birdie.mixtures import Config, birdie_grid
+from ssmlm.objectives.config import ControllerSettings
 
 # ---------------------------------------------------------------------------------------------------- reward model
 
@@ -116,7 +116,7 @@ def test_explore_probability_schedule():
 
 
 def test_cyclic_lr_is_triangular():
-    lr = cyclic_lr(ControllerConfig(lr=1.0))
+    lr = cyclic_lr(ControllerSettings(learning_rate=1.0))
     assert float(lr(0)) == pytest.approx(1e-3)
     assert float(lr(50)) == pytest.approx(1e-3 + (1 - 1e-3) / 2)
     assert float(lr(100)) == pytest.approx(1.0)
@@ -194,8 +194,8 @@ def test_class_weights_and_choose_action():
 
 # ---------------------------------------------------------------------------------------------------- controller
 
-TINY = ControllerConfig(width=16, state=16, layers=1, grok_iterations=4, proposals=32, max_history=4,
-                        eval_scale=0.01)  # fmt: skip
+TINY = ControllerSettings(width=16, state_size=16, layers=1, grok_iterations=4, proposals=32, max_history=4,
+                          eval_scale=0.01)  # fmt: skip
 CONFIGS = [Config(c, c) for c in ["next_token", "prefix_lm"]] + [
     Config("copying", "copying", {"max_len": m}) for m in (256, 1024)
 ]
@@ -274,8 +274,8 @@ def test_history_keeps_the_last_rows():
 
 
 def test_controller_is_deterministic_and_resumes_bit_for_bit():
-    cfg = ControllerConfig(width=16, state=16, layers=1, grok_iterations=5, proposals=32, max_history=8,
-                           eval_scale=0.01, explore_steps=20)  # fmt: skip
+    cfg = ControllerSettings(width=16, state_size=16, layers=1, grok_iterations=5, proposals=32, max_history=8,
+                             eval_scale=0.01, explore_steps=20)  # fmt: skip
     steps = [1, 3, 5, 10, 15, 20]  # from 15 on, exploration is rare: choose_action runs too
     seq = loss_sequence(len(steps), seed=1)
     a = run(BirdieController(CONFIGS, 100, 7, cfg), BirdieController(CONFIGS, 100, 7, cfg).init_state(), steps, seq)
@@ -307,14 +307,15 @@ def test_controller_state_survives_orbax(tmp_path):
 
 
 def test_config_validation():
+    """Settings built in code are checked when a controller is made (a recipe's are checked as it loads)."""
     with pytest.raises(UserError, match="pools"):
-        ControllerConfig(pools="zipf")
+        BirdieController(CONFIGS, 100, 0, ControllerSettings(pools="zipf"))
     with pytest.raises(UserError, match="start"):
-        ControllerConfig(start="random")
+        BirdieController(CONFIGS, 100, 0, ControllerSettings(start="random"))
     with pytest.raises(UserError, match="top_n"):
-        ControllerConfig(proposals=4, top_n=8)
-    ctl = BirdieController(CONFIGS, 100, 0, ControllerConfig(start="class_balanced", **{
-        k: getattr(TINY, k) for k in ("width", "state", "layers")}))  # fmt: skip
+        BirdieController(CONFIGS, 100, 0, ControllerSettings(proposals=4, top_n=8))
+    ctl = BirdieController(CONFIGS, 100, 0, ControllerSettings(start="class_balanced", **{
+        k: getattr(TINY, k) for k in ("width", "state_size", "layers")}))  # fmt: skip
     np.testing.assert_allclose(ctl.action(ctl.init_state()), [1 / 3, 1 / 3, 1 / 6, 1 / 6])
 
 
@@ -331,8 +332,8 @@ def environment(sign: float, evals: int = 11) -> list[float]:
     reward (∝ ΔL³ below saturation) about proportional to s: at loss 3, R_A ≈ s. Returns A's share per evaluation.
     The critic is small (width 32, state 64, 2 layers, 50 grok iterations) and its lr is 4× the paper's, so that
     ~10 evaluations suffice (at 5e-4 one seed in three still sat near the start share after 12)."""
-    cfg = ControllerConfig(width=32, state=64, layers=2, grok_iterations=50, proposals=256, explore=False,
-                           eval_scale=0.01, lr=2e-3)  # fmt: skip
+    cfg = ControllerSettings(width=32, state_size=64, layers=2, grok_iterations=50, proposals=256, explore=False,
+                             eval_scale=0.01, learning_rate=2e-3)  # fmt: skip
     ctl = BirdieController(ENV_CONFIGS, total_steps=300, seed=0, cfg=cfg)
     state = ctl.init_state()
     loss = np.full(6, 3.0)

@@ -55,7 +55,7 @@ def mixing_flops(cfg, seq_len):
     return 0.0
 
 
-def param_rules(cfg, train):
+def param_rules(cfg):
     return common_rules()
 '''
 

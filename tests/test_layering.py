@@ -1,5 +1,13 @@
 """The import graph of ssmlm/ follows the data flow: lower layers never import higher ones, and there are no
-import cycles (imports inside functions count: a lazy import is still a dependency)."""
+import cycles (imports inside functions count: a lazy import is still a dependency).
+
+A package has one layer, except for modules listed on their own in LAYER: a module-level entry (e.g.
+"models.config") overrides its package's layer. That is how the recipe's schema modules — each package's
+section dataclasses and field ranges (models.config, data.config, objectives.config, train.config) and the rule
+vocabulary they share (schema) — sit low, below recipe and checks, which only load and check them.
+
+Models never see the training config: no module of ssmlm.models imports ssmlm.recipe or ssmlm.train at all,
+not even for type hints under ``if TYPE_CHECKING:`` (which the layer rule otherwise skips)."""
 
 from __future__ import annotations
 
@@ -8,17 +16,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "ssmlm"
 
-# package (or top-level module) -> layer; an import may only go to the same or a lower layer
+# package, top-level module or (overriding its package's) module -> layer; an import may only go to the same
+# or a lower layer
 LAYER = {
-    "errors": 0, "progress": 0,
-    "models": 1,
-    "recipe": 2, "checks": 2, "data": 2, "evaluate": 2,  # evaluate/: metrics and tables (no training code)
-    "objectives": 3,
-    "runs": 4,
-    "train": 5,
-    "analyze": 6,
-    "cli": 7, "__main__": 7,
+    "errors": 0, "progress": 0, "schema": 0,  # schema: Rule and the common ranges
+    # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
+    "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
+    "models": 2,
+    "recipe": 3, "checks": 3, "data": 3, "evaluate": 3,  # evaluate/: metrics and tables (no training code)
+    "objectives": 4,
+    "runs": 5,
+    "train": 6,
+    "analyze": 7,
+    "cli": 8, "__main__": 8,
 }  # fmt: skip
+
+# what no module of ssmlm.models may import, under TYPE_CHECKING included (a module, or a package and its modules)
+MODELS_NEVER_IMPORT = ("ssmlm.recipe", "ssmlm.train")
 
 
 def modules() -> dict[str, Path]:
@@ -43,10 +57,12 @@ def runtime_nodes(tree: ast.AST):
             todo.append(child)
 
 
-def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+def imports(mods: dict[str, Path], type_checking: bool = False) -> dict[str, set[str]]:
+    """module -> the ssmlm modules it imports (at run time; with ``type_checking``, under TYPE_CHECKING too)."""
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for m, p in mods.items():
-        for node in runtime_nodes(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree) if type_checking else runtime_nodes(tree):
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -62,9 +78,23 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
-    key = module.split(".")[1] if "." in module else module
+    """The layer of the longest entry of LAYER that names ``module`` or a package above it."""
+    key = module.removeprefix("ssmlm.")
+    while key not in LAYER and "." in key:
+        key = key.rpartition(".")[0]
     assert key in LAYER, f"{module}: not in the layer table of tests/test_layering.py"
     return LAYER[key]
+
+
+def models_importing_training(edges: dict[str, set[str]]) -> list[str]:
+    """Imports by modules of ssmlm.models of the recipe module or the training package."""
+    return [
+        f"{a} -> {b}"
+        for a, bs in edges.items()
+        if a == "ssmlm.models" or a.startswith("ssmlm.models.")
+        for b in bs
+        if any(b == x or b.startswith(x + ".") for x in MODELS_NEVER_IMPORT)
+    ]
 
 
 def test_every_package_has_a_layer():
@@ -77,6 +107,12 @@ def test_no_import_goes_up():
     edges = imports(modules())
     bad = [f"{a} -> {b}" for a, bs in edges.items() if a != "ssmlm" for b in bs if layer(b) > layer(a)]
     assert not bad, "imports against the layering: " + "; ".join(sorted(bad))
+
+
+def test_models_never_import_the_training_config():
+    """Families declare parameter groups; ssmlm.train.optim gives them the recipe's settings (models/rules.py)."""
+    bad = models_importing_training(imports(modules(), type_checking=True))
+    assert not bad, "models importing the recipe or training code: " + "; ".join(sorted(bad))
 
 
 def test_no_import_cycles():
@@ -110,6 +146,25 @@ def test_the_rules_catch_a_violation(tmp_path):
     edges = imports(mods)
     assert edges["ssmlm.models.x"] == {"ssmlm.train.loop"} and edges["ssmlm.train.loop"] == {"ssmlm.models.x"}
     assert layer("ssmlm.train.loop") > layer("ssmlm.models.x")
+    # a module-level entry overrides its package's layer: the schema modules sit below recipe and checks
+    assert layer("ssmlm.train.config") < layer("ssmlm.recipe") == layer("ssmlm.checks") < layer("ssmlm.train.optim")
+    assert layer("ssmlm.models.config") < layer("ssmlm.models.bigs") and layer("ssmlm.schema") == 0
+    # the models rule sees type-hint-only imports (the layer rule skips them), `from ssmlm import recipe` included
+    mods = {
+        "ssmlm.models.y": tmp_path / "y.py", "ssmlm.recipe": tmp_path / "recipe.py",
+        "ssmlm.train.config": tmp_path / "config.py",
+    }  # fmt: skip
+    (tmp_path / "y.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ssmlm.train.config import TrainConfig\n"
+        "    from ssmlm import recipe\n"
+    )
+    (tmp_path / "recipe.py").write_text("")
+    (tmp_path / "config.py").write_text("")
+    assert imports(mods)["ssmlm.models.y"] == set()
+    assert sorted(models_importing_training(imports(mods, type_checking=True))) == [
+        "ssmlm.models.y -> ssmlm.recipe",
+        "ssmlm.models.y -> ssmlm.train.config",
+    ]
 
 
 def test_analyses_registry_finds_every_analysis_module():

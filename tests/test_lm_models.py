@@ -221,7 +221,7 @@ def test_param_count_formula(arch, tie):
 
 def decays(arch):
     m = model(arch)
-    rules = lm_family.param_rules(m.cfg, None)
+    rules = lm_family.param_rules(m.cfg)
     leaves = jax.tree_util.tree_flatten_with_path(nnx.state(m, nnx.Param))[0]
     return {path_name(p): rules[first_match(rules, path_name(p))].weight_decay for p, _ in leaves}
 

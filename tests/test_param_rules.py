@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from ssmlm.cli import app
 from ssmlm.errors import RecipeError
-from ssmlm.models import build_mlm, count_params, param_rules
+from ssmlm.models import build_mlm, count_params
 from ssmlm.models.config import fields_of
 from ssmlm.models.rules import SSM_PATTERN, ParamRule, assign, path_name
 from ssmlm.recipe import ModelConfig, TrainConfig, load_recipe
-from ssmlm.train.optim import make_optimizer
+from ssmlm.train.optim import make_optimizer, param_rules
 
 
 def tiny(arch: str) -> ModelConfig:

@@ -12,11 +12,11 @@ from flax import nnx
 from typer.testing import CliRunner
 
 from ssmlm.cli import app
-from ssmlm.models import build_mlm, param_rules
+from ssmlm.models import build_mlm
 from ssmlm.models.rules import path_name
 from ssmlm.recipe import ModelConfig, TrainConfig
 from ssmlm.runs import open_run
-from ssmlm.train.optim import make_optimizer
+from ssmlm.train.optim import make_optimizer, param_rules
 
 runner = CliRunner()
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ssmlm.data.config import DataConfig
 from ssmlm.data.masking import pack, rows_to_array
 from ssmlm.data.shards import row_dtype, save_atomic, shard_name, write_json_atomic
 from ssmlm.data.sources import Document, corpus_fingerprint, open_corpus
@@ -49,7 +50,6 @@ from ssmlm.data.tokenizer import (
 )
 from ssmlm.errors import DataError, Interrupted
 from ssmlm.progress import progress_bar
-from ssmlm.recipe import DataConfig
 
 FORMAT_VERSION = 3  # 3: unmasked token shards, streamed (2: packing modes, fill_rate)
 SPLITS = ("train", "validation")

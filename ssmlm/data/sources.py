@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssmlm.errors import DataError
+from ssmlm.errors import DataError, UserError
 
 Document = list[str]
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -116,6 +116,20 @@ def check_source(source: str) -> None:
             raise DataError(f"data.source '{source}': expected hub:NAME[:CONFIG], e.g. hub:wikitext:wikitext-2-raw-v1")
         return
     _expand(source)
+
+
+def check_inputs(recipe, data: bool = True, tokenizer: bool = True) -> None:
+    """Local files the recipe names exist (the rest of data checking needs the data itself). ``data`` /
+    ``tokenizer``: whether this command reads the recipe's corpus / tokenizer (finetuning uses the source run's)."""
+    if data:
+        check_source(recipe.data.source)
+    tok = recipe.data.tokenizer
+    if data and tokenizer and tok != "train" and not Path(tok).expanduser().exists():
+        raise UserError(f"data.tokenizer '{tok}': no such file (expected 'train', a vocab.txt or tokenizer.json)")
+    for key in ("train_file", "validation_file", "test_file", "data_dir"):
+        path = getattr(recipe.task, key)
+        if path and not Path(path).expanduser().exists():
+            raise UserError(f"task.{key} '{path}': no such {'directory' if key == 'data_dir' else 'file'}")
 
 
 def json_rows(path: Path) -> Iterator[tuple[int, dict]]:

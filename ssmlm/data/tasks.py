@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ssmlm.data.config import TaskConfig
 from ssmlm.data.taskdef import TaskData, TaskDef
 from ssmlm.errors import DataError
-from ssmlm.recipe import TaskConfig
 
 GLUE = {
     "cola": TaskDef("cola", ("sentence",), metrics=("matthews",), hub=("nyu-mll/glue", "cola")),

@@ -1,8 +1,9 @@
 """The model zoo: encoder families by architecture name (`model.arch`), and builders that put a head on them.
 
 What lives here: model configs (config.py), the families (bigs, stack, gmlp), shared layers, heads, S4D,
-parameter/FLOP counts, and reading released weights (convert.py). It may import ssmlm.errors and nothing else
-of ssmlm: no recipe, data, objectives, train or analyze code.
+parameter/FLOP counts, and reading released weights (convert.py). It may import ssmlm.errors and ssmlm.schema
+and nothing else of ssmlm: no recipe, data, objectives, train or analyze code (not even the training config:
+families declare parameter groups, ssmlm.train.optim gives them the recipe's settings).
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ssmlm.models.config import FAMILIES, ModelConfig, family, is_lm
-from ssmlm.models.rules import ParamRule, user_rules
+from ssmlm.models.rules import ParamRule
 
 if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.models stays instant
     from flax import nnx
 
     from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
-    from ssmlm.recipe import TrainConfig
 
 # every arch, by family module (ssmlm.models.config.FAMILIES)
 ENCODERS = FAMILIES
@@ -32,10 +32,11 @@ def extend_hook(arch: str):
     return getattr(family(arch), "extend_params", None)
 
 
-def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
-    """The optimizer's parameter rules for this model: the recipe's train.param_rules, then the family's own
-    (each family module's ``param_rules``, ending with a catch-all). First match wins; see ssmlm.models.rules."""
-    return user_rules(train) + family(cfg.arch).param_rules(cfg, train)
+def family_rules(cfg: ModelConfig) -> list[ParamRule]:
+    """The family's own parameter rules for this model (its module's ``param_rules``, ending with a catch-all;
+    some name a parameter group). The training package puts the recipe's rules before them and gives the groups
+    their settings (ssmlm.train.optim.param_rules). First match wins; see ssmlm.models.rules."""
+    return family(cfg.arch).param_rules(cfg)
 
 
 def build_pretraining_model(cfg: ModelConfig, seed: int = 0):

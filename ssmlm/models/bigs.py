@@ -51,7 +51,6 @@ W_u2=duc_backward, W_u=dol, W_o=do, SSM_f=fs4, SSM_b=bs4.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -61,9 +60,6 @@ from ssmlm.models import s4d
 from ssmlm.models.config import BiGSConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, dropout, gelu, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
-
-if TYPE_CHECKING:  # models never import the recipe module at run time
-    from ssmlm.recipe import TrainConfig
 
 __all__ = ["DTYPES", "dense", "dropout", "gelu", "layer_norm", "SSM", "GatedLayer", "BiGSEncoder"]
 
@@ -185,10 +181,10 @@ class GatedAttentionEncoder(Encoder):
         super().__init__(cfg, GatedAttentionLayer, rngs=rngs)
 
 
-def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
-    """Optimizer rules of bigs and gated/att (ssmlm.models.rules): the S4D parameters in their own rule
-    (train.ssm_lr_multiplier, train.ssm_weight_decay), no decay on biases and LayerNorm scales."""
-    return ([ssm_rule(train)] if cfg.arch == "bigs" else []) + common_rules()
+def param_rules(cfg: ModelConfig) -> list[ParamRule]:
+    """Optimizer rules of bigs and gated/att (ssmlm.models.rules): the S4D parameters in their own rule and the
+    ``ssm`` group (the recipe's SSM learning rate and decay), no decay on biases and LayerNorm scales."""
+    return ([ssm_rule()] if cfg.arch == "bigs" else []) + common_rules()
 
 
 def param_count_formula(cfg: ModelConfig) -> dict[str, int]:

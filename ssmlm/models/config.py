@@ -13,6 +13,8 @@ class declares what the rest of ssmlm needs to know about the family (class vari
 language model, its finetuning pooler, its paper's "arch / route" label, which of its archs have attention
 heads). The shipped families' config classes are also listed here in CONFIGS, so that reading and checking a
 recipe never imports jax; a family not listed there is imported when its arch is first named.
+
+RANGES, at the end, holds the allowed values of the section's fields (ssmlm.checks applies it to a recipe).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import dataclasses
 import importlib
 from types import ModuleType
 from typing import ClassVar, Literal
+
+from ssmlm.schema import POSITIVE, SEQ_LEN, Rule, above, within
 
 # arch -> the module that implements it (imported on use, so one family's module never loads another's)
 FAMILIES = {
@@ -185,9 +189,11 @@ class GMLPConfig(ModelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig(ModelConfig):
-    """`model:` fields of the Birdie language models (birdie_official.md §4; paper Table 7). Defaults are the
-    paper's 1.4B Gated SSM. Shared fields: hidden_size = d, num_layers = blocks; max_seq_length is only the
-    training length (no position table: the SSMs need none, the Transformer uses RoPE)."""
+    """`model:` fields of the Birdie language models (birdie_official.md §4; paper Table 7). The LM fields'
+    defaults are the paper's 1.4B Gated SSM (state 2560, …); hidden_size and num_layers keep ModelConfig's, so
+    the recipes set them (lm_1b4: 2048 × 48, lm_tiny: 128 × 4). Shared fields: hidden_size = d, num_layers =
+    blocks; max_seq_length is only the training length (no position table: the SSMs need none, the Transformer
+    uses RoPE)."""
 
     arch: Literal["gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"] = "gated_ssm"
     LANGUAGE_MODEL: ClassVar[bool] = True
@@ -219,4 +225,28 @@ CONFIGS = {
     "ssmlm.models.stack": StackConfig,
     "ssmlm.models.gmlp": GMLPConfig,
     "ssmlm.models.lm": LMConfig,
+}
+
+
+# model.<field> -> its allowed values, for the fields of every family (a field a recipe's family lacks is
+# skipped); None always passes where a field allows it. A new numeric field of a family gets a line here.
+RANGES: dict[str, Rule] = {
+    "vocab_size": POSITIVE,
+    "hidden_size": POSITIVE,
+    "num_layers": POSITIVE,
+    "intermediate_size": POSITIVE,
+    "max_seq_length": SEQ_LEN,
+    "num_ssm": POSITIVE,
+    "type_vocab_size": POSITIVE,
+    "dropout": within(0, 1, hi_open=True),
+    "layer_norm_eps": above(0),
+    "initializer_range": above(0),
+    "num_heads": POSITIVE,
+    "tiny_attention_size": POSITIVE,
+    "state_size": POSITIVE,
+    "mlp_expansion": above(0),
+    "conv_width": POSITIVE,
+    "rope_base": above(0),
+    "rg_lru_c": above(0),
+    "norm_eps": above(0),
 }

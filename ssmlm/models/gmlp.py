@@ -75,8 +75,6 @@ tests/test_gmlp.py pins them within 2%):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -85,9 +83,6 @@ from ssmlm.models import layout
 from ssmlm.models.config import GMLPConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules
-
-if TYPE_CHECKING:  # models never import the recipe module at run time
-    from ssmlm.recipe import TrainConfig
 
 # (num_layers, hidden_size, intermediate_size, tiny attention size or None, paper's params in millions)
 GMLP_SIZES = {
@@ -262,7 +257,7 @@ class GMLPEncoder(Encoder):
         return jnp.stack([layer.sgu.spatial.matrix(length) for layer in self.layers])  # either layout
 
 
-def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+def param_rules(cfg: ModelConfig) -> list[ParamRule]:
     """Optimizer rules of gMLP and aMLP (ssmlm.models.rules): no decay on biases (the spatial gate's bias
     included) and LayerNorm scales, decay on everything else (the Toeplitz spatial weights included)."""
     return common_rules()

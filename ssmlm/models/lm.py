@@ -29,7 +29,6 @@ to the compute dtype first: float32 outputs agree to 1e-6, bfloat16 ones (float3
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +38,6 @@ from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, RMSNorm, dense, dropout, fold, gelu
 from ssmlm.models.lm_context import Context, make_context
 from ssmlm.models.rules import ParamRule, common_rules
-
-if TYPE_CHECKING:  # models never import the recipe module at run time
-    from ssmlm.recipe import TrainConfig
 
 BLOCKS = {
     "gated_ssm": "ssmlm.models.gated_ssm:GatedSSMBlock",
@@ -235,7 +231,7 @@ RECURRENCE_NO_DECAY = {
 }
 
 
-def param_rules(cfg: LMConfig, train: TrainConfig) -> list[ParamRule]:
+def param_rules(cfg: LMConfig) -> list[ParamRule]:
     """Optimizer rules (ssmlm.models.rules): the recurrence's gate/decay parameters undecayed, then no decay on
     biases and norm scales, then everything else."""
     pattern = RECURRENCE_NO_DECAY.get(cfg.arch)

@@ -6,13 +6,17 @@ yourself: ``(^|/)`` and ``$`` for whole path components. Patterns should not nam
 rule also holds when the layers are scanned (stacked under one path without the index).
 
 A parameter takes the first rule of the list that matches it. Every family's list ends with a catch-all
-(``.*``), and user rules from ``train.param_rules`` go before the family's. Two mistakes are errors:
-a rule whose pattern matches no parameter at all (a typo, or a rule meant for another family) and a
-parameter no rule matches (only possible for a list without a catch-all). A rule that matches only
+(``.*``), and user rules from ``train.param_rules`` go before the family's. A family's rule may name a
+parameter *group* (``group="ssm"``: the S4D parameters); the training package gives a group the recipe's
+settings for it (ssmlm.train.optim: ``train.ssm_lr_multiplier``, ``train.ssm_weight_decay``), so models never
+see the training config.
+
+Two mistakes are errors: a rule whose pattern matches no parameter at all (a typo, or a rule meant for another
+family) and a parameter no rule matches (only possible for a list without a catch-all). A rule that matches only
 parameters an earlier rule already took is allowed; it catches 0 and the optimizer's table shows it.
 
 This module is deliberately light (no jax import at module level): the models package uses it to state
-its rules, the training package to apply them.
+its rules, the training package to apply them. It imports ssmlm.errors only (no recipe or training code).
 """
 
 from __future__ import annotations
@@ -20,12 +24,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ssmlm.errors import RecipeError
-
-if TYPE_CHECKING:  # models never import the recipe module at run time
-    from ssmlm.recipe import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,9 @@ class ParamRule:
     lr_multiplier: float = 1.0  # factor on the schedule's learning rate; 0 = frozen (no update, no optimizer state)
     weight_decay: bool = True  # apply train.weight_decay (decoupled, AdamW)
     name: str = ""  # shown in the optimizer's table; optimizer-state group name for a lr multiplier ≠ 1
+    # a parameter group whose lr multiplier and decay the training config sets (ssmlm.train.optim.GROUPS), over
+    # the values above; "" = the rule's own values
+    group: str = ""
 
     def __post_init__(self):
         if not self.lr_multiplier >= 0:  # nan fails too
@@ -61,9 +64,10 @@ SSM_PATTERN = r"(^|/)ssm[^/]*/(A_re|A_im|C|D|log_step)$"
 NO_DECAY_PATTERN = r"(^|/)(bias|scale)$"
 
 
-def ssm_rule(train: TrainConfig) -> ParamRule:
-    """The SSM group, driven by the recipe's knobs (S4 practice: lower lr, no decay; official BiGS: neither)."""
-    return ParamRule(SSM_PATTERN, train.ssm_lr_multiplier, train.ssm_weight_decay, name="ssm")
+def ssm_rule() -> ParamRule:
+    """The S4D parameters, in the ``ssm`` group: the recipe's train.ssm_lr_multiplier and train.ssm_weight_decay
+    apply to them (S4 practice: lower lr, no decay; official BiGS: neither)."""
+    return ParamRule(SSM_PATTERN, name="ssm", group="ssm")
 
 
 def common_rules() -> list[ParamRule]:
@@ -72,11 +76,6 @@ def common_rules() -> list[ParamRule]:
         ParamRule(NO_DECAY_PATTERN, weight_decay=False, name="no_decay"),
         ParamRule(".*", name="default"),
     ]
-
-
-def user_rules(train: TrainConfig) -> list[ParamRule]:
-    """``train.param_rules`` from the recipe, which go before the family's rules."""
-    return [ParamRule(r.pattern, r.lr_multiplier, r.weight_decay, r.name or "user") for r in train.param_rules]
 
 
 def path_name(path) -> str:

@@ -20,7 +20,6 @@ layers at the same size). The SSM inputs are zeroed at padded positions (``mask_
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import jax
 from flax import nnx
@@ -29,9 +28,6 @@ from ssmlm.models.bigs import SSM, flip, layer_kernels
 from ssmlm.models.config import ModelConfig, StackConfig
 from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
-
-if TYPE_CHECKING:  # models never import the recipe module at run time
-    from ssmlm.recipe import TrainConfig
 
 
 class SSMRoute(nnx.Module):
@@ -117,7 +113,7 @@ def mixing_flops(cfg: StackConfig, seq_len: int) -> float:
     return 2 * cfg.num_layers * 30.0 * math.log2(2 * seq_len) * cfg.hidden_size
 
 
-def param_rules(cfg: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+def param_rules(cfg: ModelConfig) -> list[ParamRule]:
     """Optimizer rules of stack/ssm and BERT (ssmlm.models.rules): stack/ssm's S4D parameters in their own
-    rule (train.ssm_lr_multiplier, train.ssm_weight_decay), no decay on biases and LayerNorm scales."""
-    return ([ssm_rule(train)] if cfg.arch == "stack_ssm" else []) + common_rules()
+    rule and the ``ssm`` group (the recipe's SSM learning rate and decay), no decay on biases and LayerNorm scales."""
+    return ([ssm_rule()] if cfg.arch == "stack_ssm" else []) + common_rules()

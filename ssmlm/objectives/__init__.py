@@ -3,6 +3,7 @@ with them. An objective is small and pure: its batches are a function of (seed, 
 Birdie mixtures, of a controller's state — never of hidden generator state — so a resumed run sees exactly
 the batches an uninterrupted one would.
 
+    config.py      the recipe's objective: section (Birdie's controller settings included) and its ranges
     batch.py       the typed Batch every objective produces and every loss reads
     losses.py      cross-entropy and token-prediction loss / eval / score
     mlm.py         masked LM, static (offline-style copies) or dynamic masking
@@ -12,26 +13,49 @@ the batches an uninterrupted one would.
                    documents, not rows)
     tasks.py       finetuning heads: classification, regression, spans, multiple choice
 
-May import: ssmlm.errors, ssmlm.models, ssmlm.data, ssmlm.evaluate.metrics (scorers). Never train/analyze/cli.
+May import: ssmlm.errors, ssmlm.schema, ssmlm.models, ssmlm.data, ssmlm.evaluate.metrics (scorers). Never
+train/analyze/cli.
 """
 
 from __future__ import annotations
 
-from ssmlm.objectives.batch import Batch, make_batch
-from ssmlm.objectives.mlm import MLM, max_predictions
-from ssmlm.objectives.next_token import NextToken
+import importlib
+from typing import TYPE_CHECKING
 
-# objective.kind -> class; mlm and next_token: class(cfg, special_ids, vocab_size, seq_len, seed) over token
-# rows (``build``); lm: class(cfg, reserved_ids, train documents, validation documents, seq_len, seed, …)
-# over documents (``build_lm``), imported on use (it brings the Birdie objectives with it)
-OBJECTIVES = {"mlm": MLM, "next_token": NextToken, "lm": "ssmlm.objectives.lm:LMObjective"}
+if TYPE_CHECKING:
+    from ssmlm.objectives.batch import Batch, make_batch
+    from ssmlm.objectives.mlm import MLM, max_predictions
+    from ssmlm.objectives.next_token import NextToken
+
+# objective.kind -> "module:class", imported on use (they bring jax; the package itself stays light, so that its
+# recipe schema, ssmlm.objectives.config, can be read without it). mlm and next_token: class(cfg, special_ids,
+# vocab_size, seq_len, seed) over token rows (``build``); lm: class(cfg, reserved_ids, train documents,
+# validation documents, seq_len, seed, …) over documents (``build_lm``; it brings the Birdie objectives with it)
+OBJECTIVES = {
+    "mlm": "ssmlm.objectives.mlm:MLM",
+    "next_token": "ssmlm.objectives.next_token:NextToken",
+    "lm": "ssmlm.objectives.lm:LMObjective",
+}
+
+# names this package offers, from the module that defines them (imported when first used)
+_LAZY = {
+    "Batch": "ssmlm.objectives.batch",
+    "make_batch": "ssmlm.objectives.batch",
+    "MLM": "ssmlm.objectives.mlm",
+    "max_predictions": "ssmlm.objectives.mlm",
+    "NextToken": "ssmlm.objectives.next_token",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def objective_class(kind: str):
     cls = OBJECTIVES[kind]
     if isinstance(cls, str):
-        import importlib
-
         module, name = cls.split(":")
         cls = getattr(importlib.import_module(module), name)
     return cls
@@ -58,8 +82,13 @@ def build_lm(cfg, reserved: dict[str, int], docs_train, docs_val, seq_len: int, 
 def predictions_per_row(cfg, seq_len: int) -> int:
     """Scored positions per row (for FLOPs estimates before any data exists)."""
     if cfg.kind == "mlm":
+        from ssmlm.objectives.mlm import max_predictions
+
         return max_predictions(cfg.masked_lm_prob, cfg.max_predictions, seq_len)
     return seq_len - 1
 
 
-__all__ = ["Batch", "OBJECTIVES", "build", "build_lm", "make_batch", "objective_class"]
+__all__ = [
+    "MLM", "OBJECTIVES", "Batch", "NextToken", "build", "build_lm", "make_batch", "max_predictions", "objective_class",
+    "predictions_per_row",
+]  # fmt: skip

@@ -15,13 +15,13 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from ssmlm.data.config import TaskConfig
 from ssmlm.data.tasks import TaskDef, encode, get_task, load_task
 from ssmlm.errors import DataError
 from ssmlm.evaluate.metrics import score as score_task
 from ssmlm.models import build_classifier, build_multiple_choice, build_span
 from ssmlm.objectives.batch import Batch, make_batch
 from ssmlm.objectives.losses import cross_entropy
-from ssmlm.recipe import TaskConfig
 
 # ----------------------------------------------------------------------------- heads
 

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from ssmlm.errors import UserError
 from ssmlm.models.layout import STACKED, is_stacked
-from ssmlm.recipe import MeshConfig
+from ssmlm.train.config import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
 

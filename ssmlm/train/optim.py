@@ -1,5 +1,8 @@
 """AdamW with the papers' settings, per-parameter learning-rate multipliers and weight decay given by the
-model family's parameter rules (ssmlm.models.rules), and warmup followed by cosine / linear / constant decay."""
+model family's parameter rules (ssmlm.models.rules), and warmup followed by cosine / linear / constant decay.
+
+The training config meets the parameter rules here: the recipe's ``train.param_rules`` go before the family's,
+and the parameter groups families declare (``ParamRule.group``) take their settings from ``train`` (GROUPS)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,37 @@ import jax
 import optax
 
 from ssmlm.errors import RecipeError
-from ssmlm.models.rules import ParamRule, RuleCount, assign, common_rules, first_match, path_name, ssm_rule, user_rules
-from ssmlm.recipe import ModelConfig, TrainConfig
+from ssmlm.models import family_rules
+from ssmlm.models.config import ModelConfig
+from ssmlm.models.rules import ParamRule, RuleCount, assign, common_rules, first_match, path_name, ssm_rule
+from ssmlm.train.config import TrainConfig
+
+# parameter group (ParamRule.group) -> its settings in the training config: (lr multiplier, weight decay)
+GROUPS = {"ssm": lambda train: (train.ssm_lr_multiplier, train.ssm_weight_decay)}
+
+
+def user_rules(train: TrainConfig) -> list[ParamRule]:
+    """``train.param_rules`` from the recipe, which go before the family's rules."""
+    return [ParamRule(r.pattern, r.lr_multiplier, r.weight_decay, r.name or "user") for r in train.param_rules]
+
+
+def with_groups(rules: Sequence[ParamRule], train: TrainConfig) -> list[ParamRule]:
+    """``rules`` with each known group's lr multiplier and weight decay taken from ``train`` (GROUPS); a rule of
+    no group, or of a group the training config has no settings for, keeps its own."""
+    out = []
+    for r in rules:
+        if r.group in GROUPS:
+            lr_multiplier, weight_decay = GROUPS[r.group](train)
+            r = dataclasses.replace(r, lr_multiplier=lr_multiplier, weight_decay=weight_decay)
+        out.append(r)
+    return out
+
+
+def param_rules(model: ModelConfig, train: TrainConfig) -> list[ParamRule]:
+    """The optimizer's parameter rules for this model: the recipe's train.param_rules, then the family's own
+    (ssmlm.models.family_rules, ending with a catch-all), each group with the recipe's settings for it. First
+    match wins; see ssmlm.models.rules."""
+    return with_groups(user_rules(train) + family_rules(model), train)
 
 
 def warmup_steps(cfg: TrainConfig, total: int) -> int:
@@ -51,8 +83,8 @@ def make_optimizer(
 ) -> Optimizer:
     """AdamW whose learning-rate multiplier and weight decay come, per parameter, from the first matching rule.
 
-    ``rules``: an explicit list; else the model family's (ssmlm.models.param_rules) when ``model`` is given;
-    else, for callers without a model config, the SSM rule and the rules every family ends with. With
+    ``rules``: an explicit list; else the model family's (``param_rules``) when ``model`` is given; else, for
+    callers without a model config, the SSM rule and the rules every family ends with. With
     ``params`` the rules are checked against them (a RecipeError for a parameter no rule matches, or a rule
     matching nothing) and ``caught`` counts what each rule took.
 
@@ -61,11 +93,9 @@ def make_optimizer(
     """
     lr = schedule(cfg, total)
     if rules is None and model is not None:
-        from ssmlm.models import param_rules
-
         rules = param_rules(model, cfg)
     elif rules is None:
-        rules = user_rules(cfg) + [ssm_rule(cfg)] + common_rules()
+        rules = with_groups(user_rules(cfg) + [ssm_rule()] + common_rules(), cfg)
     rules = list(rules)
     family = model.arch if model is not None else ""
     caught = assign(rules, params, family) if params is not None else []

@@ -18,7 +18,6 @@ exactly as an uninterrupted run.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from flax import nnx
 from ssmlm.errors import UserError
 from ssmlm.models.reward_model import RewardModel
 from ssmlm.objectives.birdie.mixtures import Config, initial_action, uniform_action
+from ssmlm.objectives.config import ControllerSettings, check_controller
 
 # ---------------------------------------------------------------------------------------------------- reward
 
@@ -203,57 +203,10 @@ def choose_action(model: RewardModel, history, losses, proposals, classes: Seque
 # ---------------------------------------------------------------------------------------------------- controller
 
 
-@dataclasses.dataclass(frozen=True)
-class ControllerConfig:
-    """Birdie controller settings; defaults are the paper's (A.1) and v1's (notes §2.3-§2.6)."""
-
-    proposals: int = 2048  # random candidate actions per choice (per pool with pools="pareto")
-    top_n: int = 8  # the action is the mean of the best top_n proposals
-    pools: str = "uniform"  # "uniform" (paper) | "pareto" (v2: + three Pareto pools)
-    grok_iterations: int = 200  # reward-model AdamW steps after every evaluation, whatever the loss reached
-    lr: float = 5e-4
-    weight_decay: float = 0.1
-    clip: float = 1.0  # gradient global-norm clip
-    noise: float = 0.02  # X and Y are multiplied by U[1 − noise, 1 + noise] at every iteration (v1)
-    cycle_base: float = 1e-3  # cyclic lr: triangular between lr·cycle_base and lr (torch CyclicLR, gamma 1)
-    cycle_up: int = 100  # iterations from the base to the peak (step_size_up)
-    width: int = 256
-    state: int = 512
-    layers: int = 4
-    max_history: int = 256  # history rows kept; older ones are dropped ([branch])
-    explore: bool = True
-    explore_style: str = "v1"  # "v1" | "v2" (exploration_action)
-    explore_steps: int = 0  # N of the exploration schedule; 0: the run's total steps
-    explore_decay: float = 0.5  # fractions of N (v2 defaults)
-    explore_warmup: float = 0.1
-    explore_cook: float = 0.05
-    explore_min: float = 0.2
-    explore_max: float = 0.5
-    start: str = "uniform"  # action until control starts: "uniform" (paper) | "class_balanced" (v1 initial action)
-    eval_scale: float = 1.0  # the paper's evaluation steps (and control start) are multiplied by this
-
-    def __post_init__(self):
-        choices = {"pools": ("uniform", "pareto"), "explore_style": ("v1", "v2")}
-        for name, ok in {**choices, "start": ("uniform", "class_balanced")}.items():
-            if getattr(self, name) not in ok:
-                raise UserError(f"controller {name} = {getattr(self, name)!r}: expected one of {ok}")
-        for name in ("proposals", "top_n", "width", "state", "layers", "max_history"):
-            if getattr(self, name) < 1:
-                raise UserError(f"controller {name} = {getattr(self, name)}: expected an integer >= 1")
-        if self.top_n > self.proposals:
-            raise UserError(f"controller top_n = {self.top_n}: expected at most proposals = {self.proposals}")
-        if self.width % 2:
-            raise UserError(f"controller width = {self.width}: expected an even number (RMSSplit halves)")
-        if self.grok_iterations < 0 or self.cycle_up < 1 or not 0 <= self.noise < 1:
-            raise UserError("controller grok_iterations >= 0, cycle_up >= 1 and 0 <= noise < 1 expected")
-        if not self.eval_scale > 0:
-            raise UserError(f"controller eval_scale = {self.eval_scale}: expected a number > 0")
-
-
-def cyclic_lr(cfg: ControllerConfig) -> optax.Schedule:
+def cyclic_lr(cfg: ControllerSettings) -> optax.Schedule:
     """torch CyclicLR(mode="exp_range", gamma=1) = triangular: lr·cycle_base at iteration 0, lr at cycle_up,
     back down at 2·cycle_up, repeating. The iteration count persists across evaluations (nothing is reset)."""
-    base, peak, up = cfg.lr * cfg.cycle_base, cfg.lr, cfg.cycle_up
+    base, peak, up = cfg.learning_rate * cfg.cycle_base, cfg.learning_rate, cfg.cycle_up
 
     def schedule(count):
         pos = jnp.asarray(count, jnp.float32) / up
@@ -267,7 +220,9 @@ class BirdieController:
     """Birdie's objective-mixture controller (the training loop's ``Controller`` protocol). Its state is a nested
     dict of arrays with fixed shapes (``init_state``), so ``jax.eval_shape(init_state)`` is a restore target."""
 
-    def __init__(self, configs: list[Config], total_steps: int, seed: int, cfg: ControllerConfig = ControllerConfig()):
+    def __init__(self, configs: list[Config], total_steps: int, seed: int,
+                 cfg: ControllerSettings = ControllerSettings()):  # fmt: skip
+        check_controller(cfg)
         if not configs:
             raise UserError("Birdie controller: expected at least one objective configuration")
         self.configs = list(configs)
@@ -280,7 +235,7 @@ class BirdieController:
         self.cfg = cfg
         self.control_from = control_from(cfg.eval_scale)
         self.start = uniform_action(self.configs) if cfg.start == "uniform" else initial_action(self.configs)
-        model = RewardModel(n, cfg.width, cfg.state, cfg.layers, rngs=nnx.Rngs(self.seed % 2**31))
+        model = RewardModel(n, cfg.width, cfg.state_size, cfg.layers, rngs=nnx.Rngs(self.seed % 2**31))
         self.graphdef, params = nnx.split(model)
         self._params0 = [np.asarray(p) for p in jax.tree.leaves(params)]
         self._params_def = jax.tree.structure(params)

@@ -41,16 +41,9 @@ def birdie_controller(recipe: Recipe, objective):
 
     if objective.mixture not in DYNAMIC:
         return None
-    from ssmlm.objectives.birdie.controller import BirdieController, ControllerConfig
+    from ssmlm.objectives.birdie.controller import BirdieController
 
-    c = recipe.objective.controller
-    settings = ControllerConfig(
-        proposals=c.proposals, pools=c.pools, top_n=c.top_n, grok_iterations=c.grok_iterations, lr=c.learning_rate,
-        weight_decay=c.weight_decay, noise=c.noise, width=c.width, state=c.state_size, layers=c.layers,
-        max_history=c.max_history, explore=c.explore, explore_style=c.explore_style, start=c.start,
-        eval_scale=c.eval_scale,
-    )  # fmt: skip
-    return BirdieController(objective.configs, recipe.train.steps, objective.seed, settings)
+    return BirdieController(objective.configs, recipe.train.steps, objective.seed, recipe.objective.controller)
 
 
 def lm_eval_data(recipe: Recipe, objective):
