@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numerics import EPS32, assert_close_scaled
 
 from ssmlm.models import build_lm
 from ssmlm.models.config import ModelConfig
@@ -37,7 +38,10 @@ def test_generated_tokens_get_the_full_forward_logits(arch):
     out = generate_ids(model, prefix, causal, Sampling(max_new_tokens=6), logits_out=seen)
     assert len(out) == 6
     full = np.asarray(sequence_logits(model, prefix, causal + out[:-1]))
-    np.testing.assert_allclose(np.stack(seen), full[len(prefix) :], atol=1e-4)
+    # one token at a time (cache, recurrent step) vs the whole sequence (parallel scan, masked attention): the same
+    # logits up to float32 rounding, relative to each position's logits (tests/numerics.py); measured ≤ 5ε, AVX-512
+    # and SSE4.2
+    assert_close_scaled(np.stack(seen), full[len(prefix) :], rtol=64 * EPS32, name=f"{arch} decoded logits")
     assert out == [int(np.argmax(row)) for row in full[len(prefix) :]]  # greedy
     stopped = generate_ids(model, prefix, causal, Sampling(max_new_tokens=6), stop=lambda ids: len(ids) == 2)
     assert stopped == out[:2]

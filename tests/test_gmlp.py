@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from numerics import EPS32, assert_close_scaled
 from scipy.special import erf
 
 from ssmlm.models import build_classifier, build_mlm, count_params
@@ -261,8 +262,13 @@ def test_remat_gives_the_same_loss_and_gradients():
 
     (l0, g0), (l1, g1) = loss_and_grads(False), loss_and_grads(True)
     np.testing.assert_allclose(float(l0), float(l1), rtol=1e-6)
-    for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
+    # the recomputed forward pass may be fused and ordered differently: the gradients agree to float32 rounding of
+    # each row, and at least 1e-3 of the largest gradient, which the shared cotangents carry to every leaf
+    # (tests/numerics.py). Measured ≤ 4ε of that scale (AVX-512, SSE4.2); 64ε leaves a 16x margin.
+    floor = 1e-3 * max(float(np.abs(x).max()) for x in jax.tree.leaves(g0))
+    g1 = dict(jax.tree_util.tree_leaves_with_path(g1))
+    for path, x in jax.tree_util.tree_leaves_with_path(g0):
+        assert_close_scaled(g1[path], x, rtol=64 * EPS32, floor=floor, name=jax.tree_util.keystr(path))
 
 
 # ----------------------------------------------------------------------------- length extension
