@@ -5,6 +5,10 @@ else: the jitted step, the learning-rate schedule, progress, the JSONL metrics l
 per run), checkpointing and exact resume. Batch ``s`` is a pure function of (seed, s, controller state) and
 dropout keys are fold_in(seed, s), so a resumed run takes exactly the steps an uninterrupted one would.
 
+``run`` is setup (a RunContext of what stays fixed, a TrainState of what changes, restored from the newest
+checkpoint), the step loop and the ending. After every step the default hooks of ssmlm.train.hooks run in
+order: metrics log, divergence guard, progress, evaluation (and the controller's update), checkpointing.
+
 Extension points: ``Stage.hooks`` (objects with any of on_start / on_log / on_eval / on_checkpoint /
 on_interrupt / on_end) see the run's events; ``Stage.controller`` may change what the batches are made of
 while training runs (Birdie's objective mixture): its state is saved in every checkpoint and restored.
@@ -20,7 +24,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +36,19 @@ from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable 
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
 from ssmlm.runs.checkpoint import Checkpoints
+from ssmlm.train.hooks import (
+    Checkpointing,
+    DivergenceGuard,
+    Evaluation,
+    Hook,
+    LogLine,
+    MetricsLogger,
+    Progress,
+    emit,
+    log_control,
+)
 from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
-from ssmlm.train.optim import make_optimizer, rule_records, rule_table
+from ssmlm.train.optim import Optimizer, make_optimizer, rule_records, rule_table
 
 
 class Controller(Protocol):
@@ -122,14 +137,6 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
 
-def _due(step: int, every: int) -> bool:
-    return bool(every) and step % every == 0
-
-
-def _to_host(tree) -> dict:
-    return {k: float(v) for k, v in jax.device_get(tree).items()}
-
-
 def make_eval_step(eval_fn: Callable, graphdef):
     """The jitted evaluation step (params, batch) -> outputs. Build it once per run: every evaluation reuses
     the compiled function (evaluation batches all have one shape; the last one is padded)."""
@@ -146,13 +153,6 @@ def evaluate_stage(stage: Stage, params, graphdef, eval_step=None) -> dict[str, 
         outputs.append(jax.device_get(eval_step(params, batch)))
         batches.append(batch)
     return stage.score(outputs, batches) if outputs else {}
-
-
-def _call(hooks, event: str, *args) -> None:
-    for h in hooks:
-        fn = getattr(h, event, None)
-        if fn is not None:
-            fn(*args)
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None,
@@ -209,6 +209,56 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
                    donate_argnums=(0, 1))  # fmt: skip
 
 
+@dataclass
+class TrainState:
+    """Everything that changes while a run trains. The hooks (ssmlm.train.hooks) read and update it."""
+
+    params: Any
+    opt_state: Any
+    control: Schedule | None = None  # the controller state in effect at each step (None: no controller)
+    step: int = 0  # steps done
+    start: int = 0  # the step this invocation started from (the restored checkpoint's, else 0)
+    stop: int = 0  # the step this invocation ends at: the total, or sooner with stop_after
+    resumed: bool = False  # restored from a checkpoint
+    skipped_total: int = 0  # steps skipped for a non-finite loss or gradient, over the whole run
+    last: dict[str, float] = field(default_factory=dict)  # the newest training metrics
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # the newest validation metrics (kept apart)
+    fresh_eval: dict[str, float] | None = None  # the metrics of an evaluation after the newest step, if any
+    saved: set[int] = field(default_factory=set)  # steps this invocation saved (or restored)
+    outputs: Any = None  # the newest step's metrics, on device
+    tokens: int = 0  # the newest step's real (non-pad) tokens on this process
+    log_line: LogLine | None = None  # what the newest step logged, when it was a logging step
+
+    def control_at(self, step: int):
+        return self.control.at(step) if self.control is not None else None
+
+
+@dataclass
+class RunContext:
+    """Everything fixed while a run trains."""
+
+    stage: Stage
+    recipe: Recipe
+    run_dir: Path
+    quiet: bool
+    lead: bool  # only one process writes logs and plots
+    hooks: list  # the stage's (user) hooks
+    log: MetricsLog
+    optimizer: Optimizer
+    graphdef: Any
+    shardings: tuple  # (parameters, optimizer state, batch)
+    ckpt: Checkpoints
+    manifest: dict  # written into every checkpoint's meta
+
+    @property
+    def cfg(self):
+        return self.recipe.train
+
+    @property
+    def total(self) -> int:
+        return self.stage.total_steps
+
+
 def run(
     stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None
 ) -> dict[str, Any]:
@@ -217,214 +267,180 @@ def run(
     ``stop_after`` ends this invocation after that many more steps, with a checkpoint (for job slots
     with a time limit); running again continues.
     """
-    cfg = recipe.train
-    lead = jax.process_index() == 0  # only one process writes logs and plots
+    ctx, state = _setup(stage, recipe, run_dir, quiet)
+    _restore(ctx, state)
+    state.stop = min(ctx.total, state.start + stop_after) if stop_after else ctx.total
+    cfg = ctx.cfg
+    train_step = make_train_step(stage.loss_fn, ctx.optimizer.tx, ctx.graphdef, cfg.seed, ctx.shardings, cfg.grad_accum)
+    t_start = time.time()
+    if state.control is not None and not state.resumed:
+        log_control(ctx, 0, state.control.current, 0)
+    emit(ctx.hooks, "on_start", state.start, ctx.total)
+    # The prefetcher reads ahead with the schedule as it stands; updates only touch steps beyond its reach.
+    prefetch = Prefetcher(lambda s: stage.batches(s, state.control_at(s)), state.start, state.stop, PREFETCH_DEPTH)
+    with progress_bar(quiet or not ctx.lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
+        task = bar.add_task(stage.kind, total=ctx.total, completed=state.start, loss="-", lr="-", mfu="-",
+                            **{"tok/s": "-"})  # fmt: skip
+        defaults = _default_hooks(ctx, bar, task)
+        try:
+            while state.step < state.stop:
+                _train_one(ctx, state, prefetch, train_step)
+                for hook in defaults:
+                    hook.after_step(state)
+                bar.update(task, completed=state.step)
+                if ctrl_c.requested:  # stop between steps, never inside a save or an update
+                    break
+        except UserError:
+            ctx.ckpt.close()
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
+            emit(ctx.hooks, "on_interrupt", state.step)
+            raise Interrupted(
+                f"interrupted at step {state.step}/{ctx.total}; the newest complete checkpoint in {run_dir} is step "
+                f"{ctx.ckpt.latest_step() or 0}; run the same command again to resume"
+            ) from None
+        finally:
+            prefetch.close()
+    if ctrl_c.requested and state.step < ctx.total:
+        _interrupted(ctx, state, defaults)
+    return _finish(ctx, state, defaults, t_start)
+
+
+def _setup(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool) -> tuple[RunContext, TrainState]:
+    """What stays fixed for the run, and the state of a fresh start (on the mesh, not yet restored)."""
+    lead = jax.process_index() == 0
     run_dir.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(run_dir / "metrics.jsonl", enabled=lead)
     hooks = [*stage.hooks]
-    total = stage.total_steps
-    tx, lr_fn, caught = make_optimizer(cfg, total, nnx.state(stage.model, nnx.Param), recipe.model)
-    if lead and not quiet:
-        console.print(rule_table(caught))  # what each parameter rule took: lr multiplier, decay, counts
+    optimizer = _optimizer(stage, recipe, show_rules=lead and not quiet)
+    graphdef, params, opt_state, shardings = _place(stage.model, optimizer.tx, recipe)
+    control = None
+    if stage.controller is not None:
+        first = stage.controller.init_state()
+        control = Schedule(first, first, 0)
+    cfg = recipe.train
+    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
+    manifest = {
+        "recipe": recipe.to_dict(),
+        "recipe_fingerprint": recipe.fingerprint("model", "data", "objective", "train", "task"),
+        "total_steps": stage.total_steps,
+        "kind": stage.kind,
+        "param_rules": rule_records(optimizer.caught),
+        **stage.meta,
+    }
+    ctx = RunContext(stage, recipe, run_dir, quiet, lead, hooks, log, optimizer, graphdef, shardings, ckpt, manifest)
+    return ctx, TrainState(params, opt_state, control)
+
+
+def _optimizer(stage: Stage, recipe: Recipe, show_rules: bool) -> Optimizer:
+    cfg = recipe.train
+    optimizer = make_optimizer(cfg, stage.total_steps, nnx.state(stage.model, nnx.Param), recipe.model)
+    if show_rules:
+        console.print(rule_table(optimizer.caught))  # what each parameter rule took: lr multiplier, decay, counts
     if cfg.batch_size % cfg.grad_accum:
         raise UserError(f"train.batch_size = {cfg.batch_size} is not divisible by train.grad_accum = {cfg.grad_accum}")
+    return optimizer
 
+
+def _place(model: nnx.Module, tx: optax.GradientTransformation, recipe: Recipe):
+    """(graphdef, parameters, a fresh optimizer state, their shardings and the batch's) on the recipe's mesh."""
+    cfg = recipe.train
     mesh = make_mesh(recipe.mesh)
     check_batch(cfg.batch_size // cfg.grad_accum, mesh)
-    graphdef, params = nnx.split(stage.model, nnx.Param)
+    graphdef, params = nnx.split(model, nnx.Param)
     p_sh = param_shardings(params, mesh)
     o_sh = param_shardings(jax.eval_shape(tx.init, params), mesh)
     b_sh = batch_sharding(mesh)
     params = jax.device_put(params, p_sh)
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-    control = None
-    if stage.controller is not None:
-        first = stage.controller.init_state()
-        control = Schedule(first, first, 0)
-    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
-    start = 0
-    last: dict[str, float] = {}  # the newest training metrics
-    last_eval: dict[str, float] = {}  # the newest validation metrics, kept apart (both may hold "loss")
+    return graphdef, params, opt_state, (p_sh, o_sh, b_sh)
+
+
+def _restore(ctx: RunContext, state: TrainState) -> None:
+    """Continue ``state`` from the run's newest checkpoint, when it has one."""
+    p_sh, o_sh, _ = ctx.shardings
     # Abstract targets carry this run's shardings, so a checkpoint from another mesh reshards on load.
     target = lambda tree, sh: jax.tree.map(  # noqa: E731
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh
     )
-    abstract_control = jax.eval_shape(lambda: control.to_tree()) if control is not None else None
+    abstract_control = jax.eval_shape(lambda: state.control.to_tree()) if state.control is not None else None
     try:
-        restored = ckpt.restore_newest(target(params, p_sh), target(opt_state, o_sh), abstract_control)
+        restored = ctx.ckpt.restore_newest(target(state.params, p_sh), target(state.opt_state, o_sh), abstract_control)
     except UserError:
-        ckpt.close()
+        ctx.ckpt.close()
         raise
-    latest = restored[0] if restored else None
-    if restored:
-        params, opt_state, meta, control_tree = restored[1]
-        start = int(meta["step"])
-        if control is not None:
-            control = Schedule.from_tree(control_tree)
-        last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
-        last_eval = {k: v for k, v in meta.get("validation", {}).items() if isinstance(v, float)}
-        log.truncate_after(start)
-        console.print(
-            f"[green]resuming[/] {run_dir} from step {start} (data position {meta['data_position']})", soft_wrap=True
-        )
-
-    stop = min(total, start + stop_after) if stop_after else total
-    train_step = make_train_step(stage.loss_fn, tx, graphdef, cfg.seed, (p_sh, o_sh, b_sh), cfg.grad_accum)
-    eval_step = make_eval_step(stage.eval_fn, graphdef) if stage.eval_fn is not None else None
-    flops = stage_flops(stage, recipe)
-    peak = peak_flops_per_second(cfg)
-    manifest = {
-        "recipe": recipe.to_dict(),
-        "recipe_fingerprint": recipe.fingerprint("model", "data", "objective", "train", "task"),
-        "total_steps": total,
-        "kind": stage.kind,
-        "param_rules": rule_records(caught),
-        **stage.meta,
-    }
-    saved = {start} if latest is not None else set()
-
-    def save(step: int, metrics: dict, eval_metrics: dict | None = None) -> None:
-        if step in saved:  # e.g. a periodic save right before a stop at the same step
-            return
-        saved.add(step)
-        meta = {
-            "step": step,
-            "data_position": step,
-            "skipped_steps": skipped_total,
-            **manifest,
-            "metrics": metrics,
-            "validation": eval_metrics or {},
-        }
-        ckpt.save(step, params, opt_state, meta, eval_metrics, control.to_tree() if control is not None else None)
-        _call(hooks, "on_checkpoint", step)
-
-    def evaluate(step: int) -> dict[str, float]:
-        nonlocal control
-        metrics = evaluate_stage(stage, params, graphdef, eval_step)
-        if metrics:
-            log.write({"step": step, "split": "validation", **metrics})
-            _call(hooks, "on_eval", step, metrics)
-            if control is not None and step < total:
-                new = stage.controller.update(control.at(step), step, metrics)
-                control.set(new, step + CONTROL_LAG)
-                log_control(step, new, step + CONTROL_LAG)
-        return metrics
-
-    def log_control(step: int, state, applies_from: int) -> None:
-        record = getattr(stage.controller, "record", None)
-        if record is not None:
-            log.write({"step": step, "split": "controller", "applies_from": applies_from, **record(state)})
-
-    def batch_at(step: int):
-        return stage.batches(step, control.at(step) if control is not None else None)
-
-    summary: dict[str, Any] = {"kind": stage.kind, "start_step": start, "total_steps": total}
-    eval_metrics: dict[str, float] = last_eval  # a finished run asked again reports its last evaluation
-    step = start
-    skipped_total = int(meta.get("skipped_steps", 0)) if latest is not None else 0
-    t_start = time.time()
-    if control is not None and latest is None:
-        log_control(0, control.current, 0)
-    _call(hooks, "on_start", start, total)
-    # The prefetcher reads ahead with the schedule as it stands; updates only touch steps beyond its reach.
-    prefetch = Prefetcher(batch_at, start, stop, PREFETCH_DEPTH)
-    with progress_bar(quiet or not lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
-        task = bar.add_task(stage.kind, total=total, completed=start, loss="-", lr="-", mfu="-", **{"tok/s": "-"})
-        t_window, steps_window, window_sum, real_window = time.time(), 0, None, 0
-        try:
-            while step < stop:
-                host_batch = prefetch.next(step)
-                real_window += real_tokens(host_batch)
-                batch = put_batch(host_batch, b_sh)
-                params, opt_state, out = train_step(params, opt_state, batch, step)
-                step += 1
-                steps_window += 1
-                if control is not None:
-                    control.advance(step)
-                # Sum on device (no host sync per step); log the mean over the window's good steps.
-                window_sum = out if window_sum is None else jax.tree.map(jnp.add, window_sum, out)
-                if step % cfg.log_every == 0 or step == stop:
-                    sums = _to_host(window_sum)
-                    skipped = int(round(sums.pop("skipped")))
-                    skipped_total += skipped
-                    good = max(steps_window - skipped, 1)
-                    last = {k: v / good for k, v in sums.items()}
-                    window_sum = None
-                    now = time.time()
-                    # Padding is not work: tokens/s (and MFU) count the real tokens of every process's rows.
-                    real = real_window * jax.process_count()
-                    tps = real / max(now - t_window, 1e-9)
-                    fill = real / max(stage.tokens_per_step * steps_window, 1)
-                    t_window, steps_window, real_window = now, 0, 0
-                    lr = float(lr_fn(step - 1))
-                    rec = {"step": step, "lr": lr, "tokens_per_s": round(tps, 1), "fill": round(fill, 4),
-                           "time": round(now, 3), **last}  # fmt: skip
-                    if skipped:
-                        rec["skipped"] = skipped
-                    mfu = tps * flops / peak if peak else None
-                    if mfu is not None:
-                        rec["mfu"] = float(f"{mfu:.4g}")
-                    log.write(rec)
-                    _call(hooks, "on_log", step, rec)
-                    if skipped_total > cfg.max_skipped_steps:
-                        raise UserError(
-                            f"training diverged: {skipped_total} steps had a non-finite loss or gradient "
-                            f"(limit train.max_skipped_steps = {cfg.max_skipped_steps}), the last by step {step}; "
-                            "lower train.learning_rate or set train.grad_clip"
-                        )
-                    bar.update(task, loss=f"{last['loss']:.4f}", lr=f"{lr:.2e}", mfu=f"{mfu:.1%}" if mfu else "-",
-                               **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
-                    if lead and not quiet and bar.disable and step % max(total // 10, cfg.log_every) == 0:
-                        console.print(f"{stage.kind} step {step}/{total} loss {last['loss']:.4f} {tps:,.0f} tok/s")
-                evaluated = False
-                due = _due(step, cfg.eval_every) or _due(step, stage.eval_also_every)
-                if (due or (stage.eval_at is not None and stage.eval_at(step))) and step < total:
-                    eval_metrics = evaluate(step)
-                    evaluated = bool(eval_metrics)
-                periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-                if step < total and (periodic or (evaluated and cfg.keep_best)):
-                    save(step, last, eval_metrics if evaluated else None)
-                bar.update(task, completed=step)
-                if ctrl_c.requested:  # stop between steps, never inside a save or an update
-                    break
-        except UserError:
-            ckpt.close()
-            raise
-        except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
-            _call(hooks, "on_interrupt", step)
-            raise Interrupted(
-                f"interrupted at step {step}/{total}; the newest complete checkpoint in {run_dir} is step "
-                f"{ckpt.latest_step() or 0}; run the same command again to resume"
-            ) from None
-        finally:
-            prefetch.close()
-
-    if ctrl_c.requested and step < total:
-        save(step, last)
-        ckpt.close()
-        _call(hooks, "on_interrupt", step)
-        raise Interrupted(
-            f"interrupted at step {step}/{total}; checkpoint saved in {run_dir}; run the same command again to resume"
-        )
-
-    if step < total:
-        save(step, last)
-        summary["stopped_early"] = True
-    elif step > start or latest is None:
-        eval_metrics = evaluate(step)
-        save(step, last, eval_metrics or None)
-    ckpt.close()
-    summary.update(
-        final_step=step,
-        seconds=round(time.time() - t_start, 2),
-        skipped_steps=skipped_total,
-        train=last,
-        validation=eval_metrics,
+    if not restored:
+        return
+    state.params, state.opt_state, meta, control_tree = restored[1]
+    state.step = state.start = int(meta["step"])
+    state.resumed, state.saved = True, {state.start}
+    state.skipped_total = int(meta.get("skipped_steps", 0))
+    if state.control is not None:
+        state.control = Schedule.from_tree(control_tree)
+    state.last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
+    state.eval_metrics = {k: v for k, v in meta.get("validation", {}).items() if isinstance(v, float)}
+    ctx.log.truncate_after(state.start)
+    console.print(
+        f"[green]resuming[/] {ctx.run_dir} from step {state.start} (data position {meta['data_position']})",
+        soft_wrap=True,
     )
-    if ckpt.best_step() is not None:
-        summary["best_checkpoint"] = ckpt.best_step()
-    stage.model = nnx.merge(graphdef, params)
-    _call(hooks, "on_end", summary)
+
+
+def _default_hooks(ctx: RunContext, bar, task) -> list[Hook]:
+    """The loop's own behaviours, in the order they run after every step (see ssmlm.train.hooks)."""
+    stage = ctx.stage
+    eval_step = make_eval_step(stage.eval_fn, ctx.graphdef) if stage.eval_fn is not None else None  # compiled once
+    return [
+        MetricsLogger(ctx, stage_flops(stage, ctx.recipe), peak_flops_per_second(ctx.cfg)),
+        DivergenceGuard(ctx.cfg.max_skipped_steps),
+        Progress(ctx, bar, task),
+        Evaluation(ctx, lambda params: evaluate_stage(stage, params, ctx.graphdef, eval_step), CONTROL_LAG),
+        Checkpointing(ctx),
+    ]
+
+
+def _train_one(ctx: RunContext, state: TrainState, prefetch: Prefetcher, train_step) -> None:
+    """One update: the step's batch (read ahead) onto the mesh, through the jitted step."""
+    host_batch = prefetch.next(state.step)
+    state.tokens = real_tokens(host_batch)
+    batch = put_batch(host_batch, ctx.shardings[2])
+    state.params, state.opt_state, state.outputs = train_step(state.params, state.opt_state, batch, state.step)
+    state.step += 1
+    if state.control is not None:
+        state.control.advance(state.step)
+
+
+def _interrupted(ctx: RunContext, state: TrainState, defaults: list[Hook]) -> NoReturn:
+    """After the first Ctrl-C: the checkpoint to resume from, then Interrupted."""
+    for hook in defaults:
+        hook.at_interrupt(state)
+    ctx.ckpt.close()
+    emit(ctx.hooks, "on_interrupt", state.step)
+    raise Interrupted(
+        f"interrupted at step {state.step}/{ctx.total}; checkpoint saved in {ctx.run_dir}; "
+        "run the same command again to resume"
+    )
+
+
+def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], t_start: float) -> dict[str, Any]:
+    """The final evaluation and checkpoint (or, stopped early, the one to resume from); the summary."""
+    for hook in defaults:
+        hook.at_end(state)
+    ctx.ckpt.close()
+    summary: dict[str, Any] = {"kind": ctx.stage.kind, "start_step": state.start, "total_steps": ctx.total}
+    if state.step < ctx.total:
+        summary["stopped_early"] = True
+    summary.update(
+        final_step=state.step,
+        seconds=round(time.time() - t_start, 2),
+        skipped_steps=state.skipped_total,
+        train=state.last,
+        validation=state.eval_metrics,  # a finished run asked again reports its last evaluation
+    )
+    if ctx.ckpt.best_step() is not None:
+        summary["best_checkpoint"] = ctx.ckpt.best_step()
+    ctx.stage.model = nnx.merge(ctx.graphdef, state.params)
+    emit(ctx.hooks, "on_end", summary)
     return summary
 
 

@@ -1,0 +1,239 @@
+"""The training loop's default behaviours, as hooks over its TrainState (ssmlm.train.loop).
+
+After every step ``loop.run`` calls each default hook's ``after_step`` in this order:
+
+1. MetricsLogger: the training metrics of each window to metrics.jsonl (every train.log_every steps and at the
+   invocation's last step), then the user hooks' ``on_log``;
+2. DivergenceGuard: stops the run once too many steps were skipped for a non-finite loss or gradient;
+3. Progress: the bar's loss / lr / tok/s / mfu and, without a bar, a console line every tenth of the run;
+4. Evaluation: validation at the recipe's cadences, the user hooks' ``on_eval``, the controller's update;
+5. Checkpointing: periodic checkpoints and, with train.keep_best, one after every evaluation.
+
+When the loop ends, ``at_end`` (the final evaluation, then the final checkpoint) or, after a Ctrl-C, ``at_interrupt``
+(the checkpoint to resume from). User hooks (``Stage.hooks``: any of on_start / on_log / on_eval / on_checkpoint /
+on_interrupt / on_end) are called through ``emit``.
+
+This module imports nothing from the loop at run time: the loop hands each hook what it needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from ssmlm.errors import UserError
+from ssmlm.progress import console
+
+if TYPE_CHECKING:
+    from ssmlm.train.loop import RunContext, TrainState
+
+
+def emit(hooks, event: str, *args) -> None:
+    """Call ``event`` on every hook that has it, in order."""
+    for h in hooks:
+        fn = getattr(h, event, None)
+        if fn is not None:
+            fn(*args)
+
+
+def _due(step: int, every: int) -> bool:
+    return bool(every) and step % every == 0
+
+
+def _to_host(tree) -> dict:
+    return {k: float(v) for k, v in jax.device_get(tree).items()}
+
+
+def log_control(ctx: RunContext, step: int, control_state: Any, applies_from: int) -> None:
+    """The controller's ``record`` of a state (if it has one) to metrics.jsonl, split "controller"."""
+    record = getattr(ctx.stage.controller, "record", None)
+    if record is not None:
+        ctx.log.write({"step": step, "split": "controller", "applies_from": applies_from, **record(control_state)})
+
+
+class Hook:
+    """A default behaviour of the loop; each method may change the TrainState."""
+
+    def after_step(self, state: TrainState) -> None:
+        """After every step (``state.step`` steps done)."""
+
+    def at_end(self, state: TrainState) -> None:
+        """After the invocation's last step (the run's last, or ``stop_after``'s)."""
+
+    def at_interrupt(self, state: TrainState) -> None:
+        """After a Ctrl-C stopped the loop before the run's last step."""
+
+
+@dataclass
+class LogLine:
+    """What a logging step wrote (``record``), with the unrounded values the progress display shows."""
+
+    record: dict
+    lr: float
+    tokens_per_s: float
+    mfu: float | None
+
+
+class MetricsLogger(Hook):
+    """Every train.log_every steps (and at the invocation's last step): the window's mean training metrics over
+    its good steps, learning rate, real tokens/s, fill and MFU to metrics.jsonl and the user hooks' on_log.
+    Sets ``state.last``, ``state.skipped_total`` and ``state.log_line`` (None on the steps it does not log)."""
+
+    def __init__(self, ctx: RunContext, flops: float, peak: float | None):
+        self.ctx, self.flops, self.peak = ctx, flops, peak
+        self._open_window(time.time())
+
+    def _open_window(self, now: float) -> None:
+        self.t0, self.steps, self.sum, self.tokens = now, 0, None, 0
+
+    def after_step(self, state: TrainState) -> None:
+        self.steps += 1
+        self.tokens += state.tokens
+        # Sum on device (no host sync per step); log the mean over the window's good steps.
+        self.sum = state.outputs if self.sum is None else jax.tree.map(jnp.add, self.sum, state.outputs)
+        due = state.step % self.ctx.cfg.log_every == 0 or state.step == state.stop
+        state.log_line = self._write(state) if due else None
+
+    def _write(self, state: TrainState) -> LogLine:
+        sums = _to_host(self.sum)
+        skipped = int(round(sums.pop("skipped")))
+        state.skipped_total += skipped
+        good = max(self.steps - skipped, 1)
+        state.last = {k: v / good for k, v in sums.items()}
+        now = time.time()
+        # Padding is not work: tokens/s (and MFU) count the real tokens of every process's rows.
+        real = self.tokens * jax.process_count()
+        tps = real / max(now - self.t0, 1e-9)
+        fill = real / max(self.ctx.stage.tokens_per_step * self.steps, 1)
+        self._open_window(now)
+        lr = float(self.ctx.optimizer.schedule(state.step - 1))
+        rec = {"step": state.step, "lr": lr, "tokens_per_s": round(tps, 1), "fill": round(fill, 4),
+               "time": round(now, 3), **state.last}  # fmt: skip
+        if skipped:
+            rec["skipped"] = skipped
+        mfu = tps * self.flops / self.peak if self.peak else None
+        if mfu is not None:
+            rec["mfu"] = float(f"{mfu:.4g}")
+        self.ctx.log.write(rec)
+        emit(self.ctx.hooks, "on_log", state.step, rec)
+        return LogLine(rec, lr, tps, mfu)
+
+
+class DivergenceGuard(Hook):
+    """At each logging step: a UserError once more than train.max_skipped_steps steps were skipped."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def after_step(self, state: TrainState) -> None:
+        if state.log_line is not None and state.skipped_total > self.limit:
+            raise UserError(
+                f"training diverged: {state.skipped_total} steps had a non-finite loss or gradient "
+                f"(limit train.max_skipped_steps = {self.limit}), the last by step {state.step}; "
+                "lower train.learning_rate or set train.grad_clip"
+            )
+
+
+class Progress(Hook):
+    """At each logging step: the bar's fields and, where there is no bar (not a terminal), a console line
+    every tenth of the run (the loop itself moves the bar on after every step)."""
+
+    def __init__(self, ctx: RunContext, bar, task):
+        self.ctx, self.bar, self.task = ctx, bar, task
+
+    def after_step(self, state: TrainState) -> None:
+        line, ctx = state.log_line, self.ctx
+        if line is None:
+            return
+        loss, tps, mfu = state.last["loss"], line.tokens_per_s, line.mfu
+        self.bar.update(self.task, loss=f"{loss:.4f}", lr=f"{line.lr:.2e}", mfu=f"{mfu:.1%}" if mfu else "-",
+                        **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
+        if (
+            ctx.lead
+            and not ctx.quiet
+            and self.bar.disable
+            and state.step % max(ctx.total // 10, ctx.cfg.log_every) == 0
+        ):
+            console.print(f"{ctx.stage.kind} step {state.step}/{ctx.total} loss {loss:.4f} {tps:,.0f} tok/s")
+
+
+class Evaluation(Hook):
+    """Validation every train.eval_every steps, every Stage.eval_also_every steps and at Stage.eval_at's steps
+    (never at the last step inside the loop), and once at the end of a run that trained (or never saved).
+
+    Each result with metrics goes to metrics.jsonl (split "validation") and the user hooks' on_eval, then to the
+    controller: its new state applies from ``lag`` steps on (logged, split "controller"). Sets
+    ``state.eval_metrics`` to every result and ``state.fresh_eval`` to the metrics of this step's evaluation
+    (None when there was none, or it gave no metrics)."""
+
+    def __init__(self, ctx: RunContext, evaluate: Callable[[Any], dict[str, float]], lag: int):
+        self.ctx, self.evaluate_params, self.lag = ctx, evaluate, lag
+
+    def after_step(self, state: TrainState) -> None:
+        step, stage, cfg = state.step, self.ctx.stage, self.ctx.cfg
+        state.fresh_eval = None
+        due = _due(step, cfg.eval_every) or _due(step, stage.eval_also_every)
+        if (due or (stage.eval_at is not None and stage.eval_at(step))) and step < self.ctx.total:
+            self.evaluate(state)
+
+    def at_end(self, state: TrainState) -> None:
+        state.fresh_eval = None
+        if state.step >= self.ctx.total and (state.step > state.start or not state.resumed):
+            self.evaluate(state)
+
+    def evaluate(self, state: TrainState) -> None:
+        step, ctx = state.step, self.ctx
+        metrics = self.evaluate_params(state.params)
+        state.eval_metrics, state.fresh_eval = metrics, metrics or None
+        if not metrics:
+            return
+        ctx.log.write({"step": step, "split": "validation", **metrics})
+        emit(ctx.hooks, "on_eval", step, metrics)
+        if state.control is not None and step < ctx.total:
+            new = ctx.stage.controller.update(state.control.at(step), step, metrics)
+            state.control.set(new, step + self.lag)
+            log_control(ctx, step, new, step + self.lag)
+
+
+class Checkpointing(Hook):
+    """Checkpoints every train.checkpoint_every steps and, with train.keep_best, after every evaluation (both
+    before the last step); at the end the final one (or, stopped early, the one to resume from), and the one
+    to resume from after a Ctrl-C. A step is saved at most once per invocation (a resumed run's first step
+    counts as saved); each save is announced to the user hooks' on_checkpoint."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def after_step(self, state: TrainState) -> None:
+        cfg = self.ctx.cfg
+        periodic = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
+        if state.step < self.ctx.total and (periodic or (state.fresh_eval is not None and cfg.keep_best)):
+            self.save(state, state.fresh_eval)
+
+    def at_end(self, state: TrainState) -> None:  # after Evaluation.at_end: fresh_eval is the final evaluation's
+        self.save(state, state.fresh_eval)
+
+    def at_interrupt(self, state: TrainState) -> None:
+        self.save(state, None)
+
+    def save(self, state: TrainState, eval_metrics: dict | None) -> None:
+        step, ctx = state.step, self.ctx
+        if step in state.saved:  # e.g. a periodic save right before a stop at the same step
+            return
+        state.saved.add(step)
+        meta = {
+            "step": step,
+            "data_position": step,
+            "skipped_steps": state.skipped_total,
+            **ctx.manifest,
+            "metrics": state.last,
+            "validation": eval_metrics or {},
+        }
+        control = state.control.to_tree() if state.control is not None else None
+        ctx.ckpt.save(step, state.params, state.opt_state, meta, eval_metrics, control)
+        emit(ctx.hooks, "on_checkpoint", step)
