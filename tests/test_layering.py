@@ -116,7 +116,7 @@ def test_models_never_import_the_training_config():
 
 
 def test_no_import_cycles():
-    edges = imports(modules())
+    edges = imports(modules(), type_checking=True)  # a cycle through type hints is still a cycle to a reader
     state: dict[str, int] = {}
     cycles: list[str] = []
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +29,10 @@ import jax.numpy as jnp
 from ssmlm.errors import UserError
 from ssmlm.progress import console
 
-if TYPE_CHECKING:
-    from ssmlm.train.loop import RunContext, TrainState
+# The loop's ssmlm.train.loop.RunContext and TrainState, named here without importing the loop (which imports
+# this module): no import cycle, not even one for type hints.
+RunContext = Any
+TrainState = Any
 
 
 def emit(hooks, event: str, *args) -> None:
