@@ -51,7 +51,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Pretrain, length-extend, finetune, evaluate and analyse the models of three papers: BiGS and its "
     "ablations (MLM encoders, 'Pretraining Without Attention'), gMLP/aMLP (MLM encoders, 'Pay Attention to "
-    "MLPs'), and Birdie's language models (Gated SSM, Hawk, Transformer) trained on mixtures of objectives "
+    "MLPs'), and Birdie's language models (Gated SSM, Gated SSM+, Hawk, Transformer) trained on mixtures of objectives "
     "chosen by a reward-driven controller. 'ssmlm recipes' lists the paper setups.",
 )
 analyze_app = typer.Typer(
