@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from ssmlm.cli import app
 from ssmlm.models import build_mlm
+from ssmlm.models.config import layers_scanned
 from ssmlm.models.rules import path_name
 from ssmlm.recipe import ModelConfig, TrainConfig
 from ssmlm.runs import open_run
@@ -67,7 +68,7 @@ def test_ssm_parameter_group():
     train = TrainConfig(steps=10, warmup_steps=0, ssm_lr_multiplier=0.0, ssm_weight_decay=False)
     ssm = next(r for r in param_rules(cfg, train) if r.name == "ssm")
     names = [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    layer = "block" if cfg.scan_layers else "0"  # scanned layers: one stacked block
+    layer = "block" if layers_scanned(cfg) else "0"  # scanned layers: one stacked block
     expected = {
         f"encoder/layers/{layer}/{m}/{leaf}"
         for m in ("ssm_f", "ssm_b")

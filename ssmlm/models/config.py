@@ -65,6 +65,18 @@ def default_pooler(cfg: ModelConfig) -> str:
     return cfg.pooler or type(cfg).POOLERS[cfg.arch]
 
 
+# model.scan_layers: auto scans stacks of at least this many blocks (benchmarks/compile.py --only auto measures
+# the step-time cost of the scan and the compile time of both layouts by depth; see the README's speed section).
+SCAN_LAYERS_FROM = 24
+
+
+def layers_scanned(cfg: ModelConfig) -> bool:
+    """Whether the encoder stack of ``cfg`` runs its blocks under one scan (model.scan_layers, auto resolved)."""
+    if cfg.scan_layers == "auto":
+        return cfg.num_layers >= SCAN_LAYERS_FROM
+    return bool(cfg.scan_layers)
+
+
 def route_label(arch: str) -> str | None:
     """The BiGS paper's "arch / route" label of an arch (Table 1), if it has one."""
     return config_class(arch).ROUTES.get(arch) if arch in FAMILIES else None
@@ -99,8 +111,9 @@ class ModelConfig:
     mask_padding: bool = True
     remat: bool = False  # rematerialise each block in the backward pass (less memory, more compute)
     # Blocks stacked and run under one scan: compile time independent of depth, same function and initial
-    # values. false = one module per block in a Python loop (the layout of runs written before this option).
-    scan_layers: bool = True
+    # values, but each step pays for the loop. false = one module per block in a Python loop (also the layout
+    # of runs written before this option). auto = scan from SCAN_LAYERS_FROM blocks on (layers_scanned).
+    scan_layers: bool | Literal["auto"] = "auto"
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"  # bf16 only pays off on GPU/TPU
 
@@ -217,6 +230,13 @@ class LMConfig(ModelConfig):
     rg_lru_init: Literal["paper", "recurrentgemma"] = "paper"
     norm_eps: float = 1e-6  # RMSNorm
     tie_embeddings: bool = False
+    # The recurrences' time scan (ssmlm.models.scan): associative (log-depth, parallel: GPU/TPU), sequential
+    # (one lax.scan step per token: on CPU faster to run and to compile), auto = sequential on CPU only.
+    scan_impl: Literal["auto", "associative", "sequential"] = "auto"
+    # transformer_lm's attention (ssmlm.models.attention): dense (the full masked L × L matrix), blockwise
+    # (skips query/key blocks with no allowed pair: other packed samples, the causal future), cudnn
+    # (jax.nn.dot_product_attention's cuDNN kernel, GPU only), auto = cudnn on GPU, else blockwise.
+    attention: Literal["auto", "dense", "blockwise", "cudnn"] = "auto"
 
 
 # family module -> its config class

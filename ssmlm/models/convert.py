@@ -32,8 +32,8 @@ Key mapping (official → ours; every Dense kernel is (in, out) in both, so noth
 The model config follows the checkpoint's config.json, with gelu="tanh" (the official layers use Flax's
 tanh-approximate GELU; the MLM head's exact GELU is what ours uses too). Inputs should be padded to
 max_position_embeddings to reproduce the official outputs exactly (the backward SSM starts on the pads).
-The mapping is onto the unrolled layout (encoder/layers/<i>/…); an imported run has the default scanned
-layout (model.scan_layers), the layers stacked by ssmlm.models.layout.
+The mapping is onto the unrolled layout (encoder/layers/<i>/…); an imported run takes the layout its
+model.scan_layers resolves to (layers_scanned), stacked by ssmlm.models.layout where scanned.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.config import ModelConfig
+from ssmlm.models.config import ModelConfig, layers_scanned
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -244,10 +244,10 @@ class Encoder(nnx.Module):
     span logits) saturates. The final norm is the pre-LN Transformer's answer (ln_f); post-LN blocks end
     in a LayerNorm already. With ``cfg.remat`` each block's activations are recomputed in the backward pass.
 
-    ``cfg.scan_layers`` holds the blocks stacked (LayerStack) and runs them under ``jax.lax.scan``; off, they
-    are a list run by a Python loop. Both compute the same function of the same parameters: block i gets
-    dropout key fold(rng, i + 1) either way. A plain ``jax.lax.scan`` over the split state rather than
-    ``nnx.scan``: the keys and the intermediates are then ordinary scan inputs and outputs.
+    ``cfg.scan_layers`` (resolved by layers_scanned: auto by depth) holds the blocks stacked (LayerStack) and
+    runs them under ``jax.lax.scan``; off, they are a list run by a Python loop. Both compute the same function
+    of the same parameters: block i gets dropout key fold(rng, i + 1) either way. A plain ``jax.lax.scan`` over
+    the split state rather than ``nnx.scan``: the keys and the intermediates are then ordinary scan inputs and outputs.
 
     ``intermediates=True`` returns ``(h, aux)``: aux maps a name to an array with a leading layer axis —
     ``hidden`` (num_layers, B, L, d), every block's output (the last one is h before the final norm), and
@@ -259,7 +259,7 @@ class Encoder(nnx.Module):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg, rngs=rngs, positions=positions)
         blocks = [layer_cls(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
-        self.layers = LayerStack(blocks) if cfg.scan_layers else nnx.List(blocks)
+        self.layers = LayerStack(blocks) if layers_scanned(cfg) else nnx.List(blocks)
         self.final_norm = layer_norm(cfg, cfg.hidden_size, rngs) if pre_norm and cfg.final_norm else None
 
     def word_embeddings(self) -> jax.Array:
