@@ -53,22 +53,24 @@ def reference_scan(f, x, reset, reverse):
     return out
 
 
+@pytest.mark.parametrize("impl", ["associative", "sequential"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_linear_scan_matches_step_by_step_recurrence(reverse):
+def test_linear_scan_matches_step_by_step_recurrence(reverse, impl):
     rng = np.random.default_rng(0)
     f = rng.uniform(0.2, 1.0, (2, 13, 5)).astype(np.float32)
     x = rng.normal(size=(2, 13, 5)).astype(np.float32)
     reset = rng.random((2, 13)) < 0.25
-    h = linear_scan(jnp.asarray(f, jnp.bfloat16), jnp.asarray(x, jnp.bfloat16), jnp.asarray(reset), reverse)
+    h = linear_scan(jnp.asarray(f, jnp.bfloat16), jnp.asarray(x, jnp.bfloat16), jnp.asarray(reset), reverse, impl)
     assert h.dtype == jnp.float32  # recurrences run in float32 whatever the input dtype
     ref = reference_scan(np.asarray(jnp.asarray(f, jnp.bfloat16), np.float32),
                          np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), reset, reverse)  # fmt: skip
     np.testing.assert_allclose(np.asarray(h), ref, rtol=1e-5, atol=1e-5)
-    h32 = linear_scan(jnp.asarray(f), jnp.asarray(x), jnp.asarray(reset), reverse)
+    h32 = linear_scan(jnp.asarray(f), jnp.asarray(x), jnp.asarray(reset), reverse, impl)
     np.testing.assert_allclose(np.asarray(h32), reference_scan(f, x, reset, reverse), rtol=1e-5, atol=1e-5)
 
 
-def test_bidirectional_scan_halves():
+@pytest.mark.parametrize("impl", ["associative", "sequential"])
+def test_bidirectional_scan_halves(impl):
     rng = np.random.default_rng(1)
     tokens = jnp.zeros((1, 10), jnp.int32)
     seg = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2, 2, 0]])
@@ -78,11 +80,27 @@ def test_bidirectional_scan_halves():
     x = rng.normal(size=(1, 10, 6)).astype(np.float32)
     fwd = reference_scan(f, x, np.asarray(ctx.fwd_reset), False)
     rev = reference_scan(f, x, np.asarray(ctx.rev_reset), True)
-    np.testing.assert_allclose(bidirectional_scan(f, x, ctx, False), fwd, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bidirectional_scan(f, x, ctx, False, impl), fwd, rtol=1e-5, atol=1e-5)
     both = np.concatenate([fwd[..., :3], rev[..., 3:]], -1)
-    np.testing.assert_allclose(bidirectional_scan(f, x, ctx, True), both, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bidirectional_scan(f, x, ctx, True, impl), both, rtol=1e-5, atol=1e-5)
     # causal region: the reverse half holds only its own input
-    np.testing.assert_allclose(np.asarray(bidirectional_scan(f, x, ctx, True))[0, 2:5, 3:], x[0, 2:5, 3:], rtol=1e-6)
+    causal = np.asarray(bidirectional_scan(f, x, ctx, True, impl))[0, 2:5, 3:]
+    np.testing.assert_allclose(causal, x[0, 2:5, 3:], rtol=1e-6)
+
+
+def test_scan_impls_agree_in_value_and_gradient():
+    """The two implementations of one recurrence: same states and same gradients (float32 rounding)."""
+    rng = np.random.default_rng(3)
+    f = jnp.asarray(rng.uniform(0.5, 1.0, (2, 300, 4)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(2, 300, 4)), jnp.float32)
+    reset = jnp.asarray(rng.random((2, 300)) < 0.02)
+    w = jnp.asarray(rng.normal(size=(2, 300, 4)), jnp.float32)
+    grads = {}
+    for impl in ("associative", "sequential"):
+        loss = lambda f, x, impl=impl: jnp.sum(w * linear_scan(f, x, reset, True, impl))  # noqa: E731
+        grads[impl] = jax.grad(loss, argnums=(0, 1))(f, x)
+    for a, b in zip(grads["associative"], grads["sequential"], strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
 
 
 # ---- packing and decoding, every family ----

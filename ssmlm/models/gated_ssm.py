@@ -57,6 +57,7 @@ class GatedSSMBlock(nnx.Module):
         d, n = cfg.hidden_size, cfg.state_size
         halves(n, bidirectional)  # an odd state cannot be split: refuse at construction
         self.bidirectional = bidirectional
+        self.scan_impl = cfg.scan_impl
         self.state_size = n
         self.compute_dtype = DTYPES[cfg.compute_dtype]
         self.norm = rms_norm(cfg, d, rngs)
@@ -75,7 +76,7 @@ class GatedSSMBlock(nnx.Module):
     def mix(self, x, ctx: Context):
         """(residual output, all states (B, L, N) float32, conv input or None)."""
         f, z, i, o = self.gates(x)
-        h = bidirectional_scan(f, i * z, ctx, self.bidirectional)
+        h = bidirectional_scan(f, i * z, ctx, self.bidirectional, self.scan_impl)
         return x + self.w_out(o * h.astype(o.dtype)), h, None
 
     def __call__(self, x, ctx: Context):
@@ -102,6 +103,7 @@ class GatedSSMPlusBlock(nnx.Module):
         d, n = cfg.hidden_size, cfg.state_size
         halves(n, bidirectional)
         self.bidirectional = bidirectional
+        self.scan_impl = cfg.scan_impl
         self.state_size = n
         self.compute_dtype = DTYPES[cfg.compute_dtype]
         self.norm = rms_norm(cfg, d, rngs)
@@ -125,7 +127,7 @@ class GatedSSMPlusBlock(nnx.Module):
         """(residual output before the MLP, all states (B, L, N) float32, the convolution's input u)."""
         u = self.norm(x)
         f, z, o = self.gates(u, self.conv(u, ctx.segment_ids))
-        h = bidirectional_scan(f, z, ctx, self.bidirectional)
+        h = bidirectional_scan(f, z, ctx, self.bidirectional, self.scan_impl)
         return x + self.w_out(o * h.astype(o.dtype)), h, u
 
     def __call__(self, x, ctx: Context):

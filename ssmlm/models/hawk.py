@@ -109,6 +109,7 @@ class HawkBlock(nnx.Module):
         d, n = cfg.hidden_size, cfg.state_size
         halves(n, bidirectional)
         self.bidirectional = bidirectional
+        self.scan_impl = cfg.scan_impl
         self.state_size = n
         self.compute_dtype = DTYPES[cfg.compute_dtype]
         self.norm = rms_norm(cfg, d, rngs)
@@ -126,7 +127,7 @@ class HawkBlock(nnx.Module):
         v = self.w_input(u)
         xi = self.conv(v, ctx.segment_ids)
         a, b = self.rg_lru.coefficients(xi, channel_resets(ctx, self.state_size, self.bidirectional))
-        h = bidirectional_scan(a, b, ctx, self.bidirectional)
+        h = bidirectional_scan(a, b, ctx, self.bidirectional, self.scan_impl)
         return x + self.w_output(g * h.astype(g.dtype)), h, v
 
     def __call__(self, x, ctx: Context):

@@ -1,12 +1,18 @@
 """Linear recurrences h_t = f_t ⊙ h_{t−1} + x_t for the Birdie language models (birdie_official.md §3.3, §4.6).
 
-The whole-sequence form is ``jax.lax.associative_scan`` with the operator
+The whole-sequence form has two implementations of one function (``impl``, model.scan_impl):
 
-    (a₁, b₁) ∘ (a₂, b₂) = (a₁·a₂, a₂·b₁ + b₂)
+- associative: ``jax.lax.associative_scan`` with the operator (a₁, b₁) ∘ (a₂, b₂) = (a₁·a₂, a₂·b₁ + b₂) on pairs
+  (f_t, x_t), composing "multiply by a₁, add b₁" then "multiply by a₂, add b₂": O(log L) depth, the choice
+  where parallel hardware has idle lanes (GPU, TPU);
+- sequential: one ``jax.lax.scan`` step per token. On CPU it is the faster of the two both to run (the
+  associative form does ~2 log₂ L passes over the state instead of one) and to compile (one loop body instead
+  of O(log L) strided slices and concatenations per scan, per layer): measured by benchmarks/scan_impl.py.
 
-on pairs (f_t, x_t): composing "multiply by a₁, add b₁" then "multiply by a₂, add b₂". A reset zeroes f at its
-position, so nothing before it reaches h_t (and, reversed, nothing after it). Scans always run in float32,
-whatever the compute dtype: the paper keeps recurrences out of bfloat16 (A.8).
+``auto`` (the default) is sequential on CPU and associative elsewhere. Both agree to float32 rounding.
+
+A reset zeroes f at its position, so nothing before it reaches h_t (and, reversed, nothing after it). Scans
+always run in float32, whatever the compute dtype: the paper keeps recurrences out of bfloat16 (A.8).
 
 Bidirectional split (paper 3.1, A.3): the state's first half is scanned left to right with ``fwd_reset`` (reset at
 each sample's first token), the second half right to left with ``rev_reset`` (reset everywhere outside the
@@ -27,7 +33,22 @@ def _combine(left, right):
     return a1 * a2, a2 * b1 + b2
 
 
-def linear_scan(f, x, reset, reverse: bool = False) -> jax.Array:
+def _step(h, fx):
+    f_t, x_t = fx
+    h = f_t * h + x_t
+    return h, h
+
+
+def resolve(impl: str) -> str:
+    """model.scan_impl with auto resolved for the default backend."""
+    if impl == "auto":
+        return "sequential" if jax.default_backend() == "cpu" else "associative"
+    if impl not in ("associative", "sequential"):
+        raise ValueError(f"scan_impl {impl!r}: expected auto, associative or sequential")
+    return impl
+
+
+def linear_scan(f, x, reset, reverse: bool = False, impl: str = "auto") -> jax.Array:
     """h over axis 1 of (B, L, N) ``f``, ``x``: h_t = f_t h_{t−1} + x_t (``reverse``: h_t = f_t h_{t+1} + x_t),
     float32. ``reset`` (B, L) or (B, L, N) bool: f is taken as 0 there, so h_t = x_t."""
     f = jnp.asarray(f, jnp.float32)
@@ -35,8 +56,12 @@ def linear_scan(f, x, reset, reverse: bool = False) -> jax.Array:
     if reset.ndim == 2:
         reset = reset[..., None]
     f = jnp.where(reset, 0.0, f)
-    _, h = jax.lax.associative_scan(_combine, (f, x), axis=1, reverse=reverse)
-    return h
+    if resolve(impl) == "associative":
+        _, h = jax.lax.associative_scan(_combine, (f, x), axis=1, reverse=reverse)
+        return h
+    time_major = (jnp.moveaxis(f, 1, 0), jnp.moveaxis(x, 1, 0))
+    _, h = jax.lax.scan(_step, jnp.zeros_like(x[:, 0]), time_major, reverse=reverse)
+    return jnp.moveaxis(h, 0, 1)
 
 
 def halves(n: int, bidir: bool) -> int:
@@ -58,13 +83,13 @@ def channel_resets(ctx, n: int, bidir: bool) -> jax.Array:
     return jnp.concatenate([fwd, rev], axis=-1)
 
 
-def bidirectional_scan(f, x, ctx, bidir: bool) -> jax.Array:
+def bidirectional_scan(f, x, ctx, bidir: bool, impl: str = "auto") -> jax.Array:
     """(B, L, N) float32 states of a layer: all forward, or [forward half ‖ reverse half] when ``bidir``."""
     k = halves(f.shape[-1], bidir)
     if not bidir:
-        return linear_scan(f, x, ctx.fwd_reset)
-    h_f = linear_scan(f[..., :k], x[..., :k], ctx.fwd_reset)
-    h_r = linear_scan(f[..., k:], x[..., k:], ctx.rev_reset, reverse=True)
+        return linear_scan(f, x, ctx.fwd_reset, impl=impl)
+    h_f = linear_scan(f[..., :k], x[..., :k], ctx.fwd_reset, impl=impl)
+    h_r = linear_scan(f[..., k:], x[..., k:], ctx.rev_reset, reverse=True, impl=impl)
     return jnp.concatenate([h_f, h_r], axis=-1)
 
 

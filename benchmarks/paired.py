@@ -1,0 +1,78 @@
+"""Paired, interleaved timing: the one way ssmlm's benchmarks compare two implementations on a shared machine.
+
+A figure taken for one side and then the other mixes the difference between the sides with whatever else the
+machine did meanwhile. Here every side runs one step in turn (the order rotates each round), so neighbouring
+steps of the two sides see the same load, and each round gives one paired ratio per side against the
+reference. Reported per side: the median step time, the median of the per-round ratios reference / side (above
+1: the side is faster) and their range (min–max over rounds), for each of two passes; a ratio whose two passes
+disagree was measured under changing load and says so by its range.
+
+    from paired import compare
+    rows = compare({"ssmlm": step_a, "peer": step_b}, reference="peer", rounds=7, warmup=2)
+
+A step is a zero-argument callable that runs one unit of work and blocks until it is done
+(``jax.block_until_ready``). Used by benchmarks/{throughput,lm_throughput,objectives,compile}.py.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+
+def compare(steps: dict[str, Callable[[], object]], reference: str, *, rounds: int = 7, warmup: int = 2,
+            passes: int = 2) -> dict[str, dict]:  # fmt: skip
+    """Time every step ``rounds`` times per pass, interleaved, after ``warmup`` untimed runs each.
+
+    Returns {name: {"median_s": [per pass], "ratio": [per pass], "lo": [per pass], "hi": [per pass],
+    "times": [[per round] per pass]}}; ratio = median over rounds of t(reference) / t(name)."""
+    if reference not in steps:
+        raise ValueError(f"reference {reference!r} is not one of the steps {list(steps)}")
+    names = list(steps)
+    for _ in range(warmup):
+        for n in names:
+            steps[n]()
+    out = {n: {"median_s": [], "ratio": [], "lo": [], "hi": [], "times": []} for n in names}
+    for _ in range(passes):
+        times = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
+            for n in order:
+                t0 = time.perf_counter()
+                steps[n]()
+                times[n].append(time.perf_counter() - t0)
+        for n in names:
+            ratios = [a / b for a, b in zip(times[reference], times[n], strict=True)]
+            o = out[n]
+            o["median_s"].append(statistics.median(times[n]))
+            o["ratio"].append(statistics.median(ratios))
+            o["lo"].append(min(ratios))
+            o["hi"].append(max(ratios))
+            o["times"].append(times[n])
+    return out
+
+
+def ratio_cell(row: dict) -> str:
+    """'1.23 (1.10–1.31) · 1.25 (1.19–1.30)': each pass's median paired ratio and its range."""
+    cells = zip(row["ratio"], row["lo"], row["hi"], strict=True)
+    return " · ".join(f"{m:.2f} ({lo:.2f}–{hi:.2f})" for m, lo, hi in cells)
+
+
+def machine_line() -> str:
+    """What the figures were measured on: CPU model, cores, load average, date (for the docs' tables)."""
+    import platform
+
+    import jax
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    when = time.strftime("%Y-%m-%d")
+    return (f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {jax.default_backend()}, "
+            f"load {load} (1/5/15 min), {when}")  # fmt: skip
