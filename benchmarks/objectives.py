@@ -1,110 +1,326 @@
-"""Birdie objective throughput: samples/s per objective on one core at L = 2048, on real text.
+"""Birdie objectives side by side with the official pipeline's objective functions: samples/s and tokens/s.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/objectives.py [--samples 100000] [--length 2048] [--rows 200]
+    /tmp/peervenv/bin/python benchmarks/objectives.py         # where birdie_rl (0.2.0) is importable: paired
+    PYTHONPATH=. .venv/bin/python benchmarks/objectives.py    # without it: ssmlm's own rates, and a line saying so
 
-The built-in corpus (Python's own documentation, ``ssmlm.data.sources.builtin_corpus``) is tokenised once
-with a word-level id mapping (words and punctuation, ids by first appearance; not timed) and concatenated
-into one token stream. Each objective then makes N samples (``functions.sample`` with the paradigm token),
-each from a random offset of the stream with the whole row (L slots) as its space; we count errors
-(exceptions, oversize samples), Nones (no valid sample) and stalls (a single sample slower than 1 s);
-slots/s = filled row slots (prefix + target) per second.
-Finally whole rows of the "birdie" mixture (``pipeline.make_row``, real documents, length-weighted) are
-timed. The official pipeline's figure to beat is 60-125 samples/s.
+Text: the built-in corpus (Python's own documentation, ``ssmlm.data.sources.builtin_corpus``), tokenised with a
+byte-level BPE trained on it (``ssmlm.data.tokenizer.train_byte_bpe``, ssmlm's LM tokenizer; not timed) into one
+token stream. The official side gets the same vocabulary as a tiktoken ``Encoding`` (the official examples use
+tiktoken; built from the BPE's ranks and checked to give the same ids): its encode/decode are what birdie_rl
+calls inside its objectives (paradigm strings, placeholders, leftovers).
+
+A step is N samples (``--samples``, 50) from N fixed random offsets of the stream, each source 2·L tokens and the
+whole row (L slots) as its space; the faster side repeats its N sources until its step takes >= ``--step-ms`` (the
+ratio is per sample: ``paired.compare(units=…)``). Both sides' steps are interleaved (``benchmarks/paired.py``, two
+passes) on the same sources:
+  ssmlm     ``functions.sample(kind, kind, ids[a : a + 2L], L, rng, ids, "start", **params)``: numpy int32 ids in,
+            a Sample out, its paradigm token included.
+  official  the objective built once per row as the worker builds it, ``birdie_rl.load_objective(name,
+            overrides)`` (same corruption rate / mean span / shuffle fraction, space L, other fields their
+            defaults; see CASES), then per sample ``obj.config.rng_seed = <fresh seed>; obj(source)``. With
+            ``--official-input ids`` (default) the source is the same 2·L ids as a Python list, which the
+            objective's ``tokenizer.encode(source)`` returns unchanged: neither side tokenises the source (the
+            official still encodes its own strings and decodes the leftover text its API returns). With
+            ``--official-input text`` the source is the decoded text, as the official pipeline feeds it: its step
+            then includes tokenising that text, twice (``run_checks`` measures the length by encoding it).
+Tokens per sample, counted the same way on both sides: the produced input (prefix, paradigm included) plus the
+target; the START token the packer adds between them is not counted on either side. "no sample": attempts that
+gave none (ssmlm None; official status other than "ok"), included in samples/s on both sides.
+
+Official-pipeline bugs that change what its side does (../shared/reference/birdie_official.md §0, §1.13):
+next-token prediction at HEAD is a copy task (input = paradigm + ⌊(L − |p|)/2⌋ tokens, label = the same tokens);
+autoencoding-with-deshuffling never shuffles; deshuffling shuffles characters and re-encodes them, which takes ~3×
+the tokens, so every sample is rejected as too large (status "error": its row times failed attempts, and the
+worker would hard-fail); ``__call__`` re-seeds its rng from ``config.rng_seed`` on every call, so the worker puts a
+fresh seed in the overrides, which makes its objective cache miss and rebuilds the objective for every sample
+(here it is built once and only the seed is set: cheaper than the worker). Differences by design: v2 infilling
+stops after ``max_mask_spans`` = 20 spans (its samples are short: compare tokens/s) and its placeholders are
+multi-token strings; selective copying makes as many spans as fit (ssmlm: k = 4). "x tokens/s" is the samples/s
+ratio (median of the two passes) times the ratio of tokens per sample.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import math
+import os
+import statistics
+import sys
 import time
 
 import numpy as np
 
-from ssmlm.data.sources import builtin_corpus
-from ssmlm.objectives.birdie import functions as F
-from ssmlm.objectives.birdie.mixtures import mixture
-from ssmlm.objectives.birdie.pipeline import make_row
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paired import compare, machine_line, ratio_cell  # noqa: E402
 
-OFFICIAL = (60.0, 125.0)
+from ssmlm.data import reserved as R  # noqa: E402
+from ssmlm.data.sources import builtin_corpus  # noqa: E402
+from ssmlm.data.tokenizer import train_byte_bpe  # noqa: E402
+from ssmlm.objectives.birdie import functions as F  # noqa: E402
+from ssmlm.objectives.birdie.mixtures import mixture  # noqa: E402
+from ssmlm.objectives.birdie.pipeline import make_row  # noqa: E402
+
+# (ssmlm kind, ssmlm params, official objective name, official config overrides, anchor)
 CASES = [
-    ("next_token", "next_token", {}),
-    ("prefix_lm", "prefix_lm", {}),
-    ("infilling", "infilling", {"rate": 0.15, "mean": 3.0}),
-    ("infilling", "infilling", {"rate": 0.5, "mean": 32.0}),
-    ("autoencoding", "autoencoding", {"rate": 0.15, "mean": 3.0}),
-    ("autoencoding", "autoencoding", {"rate": 0.5, "mean": 8.0, "shuffle": True}),
-    ("deshuffling", "deshuffling", {"p": 1.0}),
-    ("deshuffling", "deshuffling", {"p": 0.5}),
-    ("copying", "copying", {}),
-    ("selective_copying", "selective_copying", {"k": 4, "form": "query_context"}),
-]
+    ("next_token", {}, "next_token_prediction", {}, False),
+    ("prefix_lm", {}, "prefix_language_modeling", {"prefix_fraction": 0.75}, False),
+    ("infilling", {"rate": 0.15, "mean": 3.0}, "infilling", {"corruption_rate": 0.15, "mean_tokens_per_span": 3.0},
+     True),
+    ("infilling", {"rate": 0.5, "mean": 32.0}, "infilling", {"corruption_rate": 0.5, "mean_tokens_per_span": 32.0},
+     True),
+    ("autoencoding", {"rate": 0.15, "mean": 3.0}, "autoencoding", {"corruption_rate": 0.15, "tokens_per_mask": 3},
+     True),
+    ("autoencoding", {"rate": 0.5, "mean": 8.0, "shuffle": True}, "autoencoding_with_deshuffling",
+     {"corruption_rate": 0.5, "tokens_per_mask": 8}, True),
+    ("deshuffling", {"p": 1.0}, "deshuffling", {"percentage_to_shuffle": 1.0}, True),
+    ("deshuffling", {"p": 0.5}, "deshuffling", {"percentage_to_shuffle": 0.5}, True),
+    ("copying", {}, "copying", {}, False),
+    ("selective_copying", {"k": 4, "form": "query_context"}, "selective_copying",
+     {"tokens_per_mask": 12, "min_delimiter_prefix_length": 1, "max_delimiter_prefix_length": 8,
+      "min_delimiter_suffix_length": 1, "max_delimiter_suffix_length": 4, "format_style": "query_context"}, True),
+]  # fmt: skip
 
 
-def tokenise():
-    vocab: dict[str, int] = {}
-    docs = []
-    for doc in builtin_corpus().documents:
-        words = re.findall(r"\w+|[^\w\s]", " ".join(doc))
-        docs.append(np.array([vocab.setdefault(w, 1 + len(vocab)) for w in words], np.int32))
-    return docs, len(vocab) + 1
+def corpus_tokens(vocab_size: int):
+    texts = ["\n".join(doc) for doc in builtin_corpus().documents]
+    tok = train_byte_bpe(texts, vocab_size)
+    docs = [np.array(e.ids, np.int32) for e in tok.encode_batch(texts, add_special_tokens=False)]
+    return tok, docs
+
+
+def _bytes_of_byte_level():
+    """GPT-2's byte-level alphabet (the character that stands for each byte in a byte-level BPE's vocabulary)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, extra = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def official_tokenizer(tok, sample_text: str):
+    """The official side's tokenizer: a tiktoken Encoding with the BPE's ranks (same ids, tiktoken's speed), or
+    the `tokenizers` one if tiktoken is missing or disagrees. encode(list) returns the list (ids input)."""
+    enc, how = None, "tokenizers (tiktoken unavailable)"
+    try:
+        import tiktoken
+
+        u2b = _bytes_of_byte_level()
+        vocab = tok.get_vocab()
+        special = {t: i for t, i in vocab.items() if t.startswith("<|")}
+        ranks = {bytes(u2b[ch] for ch in t): i for t, i in vocab.items() if t not in special}
+        pat = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+        enc = tiktoken.Encoding("ssmlm_builtin_bpe", pat_str=pat, mergeable_ranks=ranks, special_tokens=special)
+        if enc.encode_ordinary(sample_text) != tok.encode(sample_text, add_special_tokens=False).ids:
+            enc, how = None, "tokenizers (the tiktoken copy disagreed)"
+        else:
+            how = "tiktoken (the same BPE ranks)"
+    except ImportError:
+        pass
+
+    class Tokenizer:
+        def encode(self, x):
+            if not isinstance(x, str):
+                return x
+            return enc.encode_ordinary(x) if enc is not None else tok.encode(x, add_special_tokens=False).ids
+
+        def decode(self, ids):
+            ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+            return enc.decode(ids) if enc is not None else tok.decode(ids, skip_special_tokens=False)
+
+    return Tokenizer(), how
+
+
+def load_official():
+    try:
+        from birdie_rl.load_objective import load_objective
+    except Exception as e:  # noqa: BLE001 (any import failure means: no peer)
+        return None, f"{type(e).__name__}: {e}"
+    import birdie_rl
+
+    return load_objective, getattr(birdie_rl, "__version__", None) or _dist_version("birdie_rl")
+
+
+def _dist_version(name):
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+class Counter:
+    def __init__(self):
+        self.samples = self.tokens = self.fails = 0
+
+    def per_sample(self):
+        return self.tokens / max(1, self.samples - self.fails)
+
+
+def ssmlm_step(kind, params, srcs, L, rng, ids, reps, count):
+    def step():
+        tok = fails = 0
+        for _ in range(reps):
+            for src in srcs:
+                s = F.sample(kind, kind, src, L, rng, ids, "start", **params)
+                if s is None:
+                    fails += 1
+                else:
+                    tok += s.size
+        count.samples += reps * len(srcs)
+        count.tokens += tok
+        count.fails += fails
+
+    return step
+
+
+def official_step(obj, inputs, reps, seeds, count):
+    def step():
+        tok = fails = 0
+        for _ in range(reps):
+            for x in inputs:
+                obj.config.rng_seed = next(seeds)
+                r = obj(x)
+                if r.get("status") == "ok":
+                    tok += len(r["input_ids"]) + len(r["label_ids"])
+                else:
+                    fails += 1
+        count.samples += reps * len(inputs)
+        count.tokens += tok
+        count.fails += fails
+
+    return step
+
+
+def reps_for(step_once, target_s):
+    t0 = time.perf_counter()
+    step_once()
+    dt = time.perf_counter() - t0
+    return max(1, math.ceil(target_s / max(dt, 1e-6)))
+
+
+def label(kind, params):
+    bits = []
+    if "rate" in params:
+        bits.append(f"c = {params['rate']:g}, μ = {params['mean']:g}")
+    if "p" in params:
+        bits.append(f"p = {params['p']:g}")
+    if "k" in params:
+        bits.append(f"k = {params['k']}")
+    name = kind.replace("_", " ") + (" + deshuffling" if params.get("shuffle") else "")
+    return name + (f" ({'; '.join(bits)})" if bits else "")
+
+
+def pct(c: Counter) -> str:
+    return f"{100 * c.fails / max(1, c.samples):.0f} %"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=10**5)
-    ap.add_argument("--length", type=int, default=2048)
-    ap.add_argument("--rows", type=int, default=200)
+    ap.add_argument("--length", type=int, default=2048, help="L: the row's slots, each sample's space (2048)")
+    ap.add_argument("--samples", type=int, default=50, help="N: sources (fixed random offsets) per step (50)")
+    ap.add_argument("--step-ms", type=float, default=50.0, help="a side repeats its N sources to reach this (50)")
+    ap.add_argument("--rounds", type=int, default=7, help="timed rounds per pass (2 passes)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--official-input", choices=["ids", "text"], default="ids",
+                    help="what the official objective gets: the same ids (default) or their decoded text")  # fmt: skip
+    ap.add_argument("--only", default="", help="comma-separated ssmlm kinds to run (default: all)")
+    ap.add_argument("--vocab", type=int, default=32000, help="BPE vocabulary to train on the corpus (32000)")
+    ap.add_argument("--rows", type=int, default=200, help="make_row rows of the 'birdie' mixture to time (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    docs, vocab = tokenise()
+    load_start = os.getloadavg()
+    L, N = args.length, args.samples
+    tok, docs = corpus_tokens(args.vocab)
     stream = np.concatenate(docs)
-    ids = F.Ids.for_tests(vocab)
-    L = args.length
-    print(f"corpus: {len(docs)} documents, {len(stream):,} tokens, word vocabulary {vocab:,}; L = {L}, "
-          f"{args.samples:,} samples per objective, 1 core\n")  # fmt: skip
-    header = f"{'objective':<18} {'params':<34} {'samples/s':>10} {'slots/s':>11} {'fill':>5} {'none':>6} " \
-             f"{'err':>4} {'stall':>5} {'x60':>6} {'x125':>6}"  # fmt: skip
-    print(header)
-    print("-" * len(header))
+    ids = F.Ids.from_reserved(R.reserved_ids(tok.token_to_id))
     rng = np.random.default_rng(args.seed)
-    for cls, kind, params in CASES:
-        starts = rng.integers(0, len(stream) - 2 * L, args.samples)
-        none = err = stall = slots = 0
-        t0 = time.perf_counter()
-        for a in starts:
-            t = time.perf_counter()
-            try:
-                s = F.sample(kind, cls, stream[a : a + 2 * L], L, rng, ids, "start", **params)
-                if s is None:
-                    none += 1
-                elif s.size > L or len(s.target) == 0:
-                    err += 1
-                else:
-                    slots += s.size
-            except Exception:  # noqa: BLE001 (counted, not fatal)
-                err += 1
-            stall += time.perf_counter() - t > 1.0
-        dt = time.perf_counter() - t0
-        rate = args.samples / dt
-        label = ",".join(f"{k}={v}" for k, v in params.items())
-        print(f"{kind:<18} {label:<34} {rate:>10,.0f} {slots / dt:>11,.0f} {slots / args.samples / L:>5.2f} "
-              f"{none:>6} {err:>4} {stall:>5} {rate / OFFICIAL[0]:>6.0f} {rate / OFFICIAL[1]:>6.0f}")  # fmt: skip
+    starts = rng.integers(0, len(stream) - 2 * L, N)
+    srcs = [stream[a : a + 2 * L] for a in starts]
+    load_objective, peer = load_official()
+    cases = [c for c in CASES if not args.only or c[0] in args.only.split(",")]
 
-    configs, probs = mixture("birdie")
-    t0 = time.perf_counter()
-    filled = samples = 0
-    for key in range(args.rows):
-        row = make_row(docs, configs, probs, L, key, ids)
-        filled += int((row["segment_ids"] > 0).sum())
-        samples += len(row["sample_configs"])
-    dt = time.perf_counter() - t0
-    print(
-        f"\nmake_row, 'birdie' mixture on real documents: {args.rows / dt:,.1f} rows/s, "
-        f"{samples / dt:,.0f} samples/s ({samples / args.rows:.1f} samples/row), "
-        f"{filled / dt:,.0f} filled slots/s, fill {filled / args.rows / L:.3f}; "
-        f"x{samples / dt / OFFICIAL[0]:.0f} / x{samples / dt / OFFICIAL[1]:.0f} the official 60 / 125 samples/s"
-    )
+    print(f"corpus: {len(docs)} documents, {len(stream):,} tokens (byte-level BPE, vocabulary "
+          f"{tok.get_vocab_size():,}); L = {L}; a step = {N} sources of 2·L tokens from fixed random offsets, "
+          f"repeated to >= {args.step_ms:.0f} ms; {args.rounds} rounds x 2 passes, interleaved\n")  # fmt: skip
+
+    if load_objective is None:
+        print(f"official pipeline (birdie_rl) not importable ({peer}): ssmlm's own rates only, no side-by-side\n")
+        print("| objective | samples/s | tokens/sample | tokens/s | no sample |")
+        print("|---|---:|---:|---:|---:|")
+        for kind, params, *_ in cases:
+            count = Counter()
+            reps = reps_for(ssmlm_step(kind, params, srcs, L, rng, ids, 1, Counter()), args.step_ms / 1e3)
+            step = ssmlm_step(kind, params, srcs, L, rng, ids, reps, count)
+            for _ in range(args.warmup):
+                step()
+            times = []
+            for _ in range(2 * args.rounds):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+            rate = reps * N / statistics.median(times)
+            print(f"| {label(kind, params)} | {rate:,.0f} | {count.per_sample():,.0f} | "
+                  f"{rate * count.per_sample():,.0f} | {pct(count)} |")  # fmt: skip
+    else:
+        otok, how = official_tokenizer(tok, tok.decode(srcs[0].tolist()))
+        if args.official_input == "ids":
+            inputs = [s.tolist() for s in srcs]
+            what = "the same ids (a list; its encode passes it through)"
+        else:
+            inputs = [otok.decode(s) for s in srcs]
+            what = "the decoded text of the same ids (tokenised inside the objective)"
+        print(f"official: birdie_rl {peer}, objectives from birdie_rl.load_objective; tokenizer {how}; "
+              f"input {what}\n")  # fmt: skip
+        seeds = iter(range(1, 1 << 62))
+        head = ("| objective (ssmlm) | official objective | ssmlm samples/s | official samples/s | "
+                "x samples/s, pass 1 · pass 2 (range) | tokens/sample ssmlm / official | ssmlm tokens/s | "
+                "official tokens/s | x tokens/s | no sample: ssmlm / official |")  # fmt: skip
+        print(head)
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        below = []
+        for kind, params, oname, over, anchor in cases:
+            obj = load_objective(oname, {**over, "remaining_space": L, "tokenizer": otok})
+            cs, co = Counter(), Counter()
+            rs = reps_for(ssmlm_step(kind, params, srcs, L, rng, ids, 1, Counter()), args.step_ms / 1e3)
+            ro = reps_for(official_step(obj, inputs, 1, seeds, Counter()), args.step_ms / 1e3)
+            steps = {
+                "ssmlm": ssmlm_step(kind, params, srcs, L, rng, ids, rs, cs),
+                "official": official_step(obj, inputs, ro, seeds, co),
+            }
+            res = compare(steps, reference="official", rounds=args.rounds, warmup=args.warmup,
+                          units={"ssmlm": rs * N, "official": ro * N})  # fmt: skip
+            rate = {n: u * N / statistics.median([t for p in res[n]["times"] for t in p])
+                    for n, u in (("ssmlm", rs), ("official", ro))}  # fmt: skip
+            x = statistics.median(res["ssmlm"]["ratio"])
+            tps = (cs.per_sample(), co.per_sample())
+            xt = f"{x * tps[0] / tps[1]:,.1f}" if tps[1] else "—"
+            print(f"| {label(kind, params)} | {oname} | {rate['ssmlm']:,.0f} | {rate['official']:,.0f} | "
+                  f"{ratio_cell(res['ssmlm'])} | {tps[0]:,.0f} / {tps[1]:,.0f} | "
+                  f"{rate['ssmlm'] * tps[0]:,.0f} | {rate['official'] * tps[1]:,.0f} | {xt} | "
+                  f"{pct(cs)} / {pct(co)} |")  # fmt: skip
+            if anchor and min(res["ssmlm"]["ratio"]) < 8:
+                below.append(label(kind, params))
+        if below:
+            print(f"\nunder 8x the official in samples/s (median of a pass): {', '.join(below)}")
+
+    if args.rows:
+        configs, probs = mixture("birdie")
+        t0 = time.perf_counter()
+        filled = samples = 0
+        for key in range(args.rows):
+            row = make_row(docs, configs, probs, L, key, ids)
+            filled += int((row["segment_ids"] > 0).sum())
+            samples += len(row["sample_configs"])
+        dt = time.perf_counter() - t0
+        print(f"\nssmlm make_row, 'birdie' mixture on the corpus's documents: {args.rows / dt:,.0f} rows/s, "
+              f"{samples / dt:,.0f} samples/s ({samples / args.rows:.1f} samples/row), fill "
+              f"{filled / args.rows / L:.3f}")  # fmt: skip
+    print(f"\nload at start {' / '.join(f'{v:.1f}' for v in load_start)}; {machine_line()}")
 
 
 if __name__ == "__main__":

@@ -23,13 +23,17 @@ from collections.abc import Callable
 
 
 def compare(steps: dict[str, Callable[[], object]], reference: str, *, rounds: int = 7, warmup: int = 2,
-            passes: int = 2) -> dict[str, dict]:  # fmt: skip
+            passes: int = 2, units: dict[str, float] | None = None) -> dict[str, dict]:  # fmt: skip
     """Time every step ``rounds`` times per pass, interleaved, after ``warmup`` untimed runs each.
 
     Returns {name: {"median_s": [per pass], "ratio": [per pass], "lo": [per pass], "hi": [per pass],
-    "times": [[per round] per pass]}}; ratio = median over rounds of t(reference) / t(name)."""
+    "times": [[per round] per pass]}}; ratio = median over rounds of t(reference) / t(name).
+    ``units`` (optional, {name: units of work per step}) lets the sides do different amounts of work per step
+    (e.g. more samples for the faster side, so each step is long enough to time): the ratio is then per unit,
+    (t(reference) / units[reference]) / (t(name) / units[name]) — how many times the reference's rate."""
     if reference not in steps:
         raise ValueError(f"reference {reference!r} is not one of the steps {list(steps)}")
+    per = {n: 1.0 for n in steps} if units is None else {n: float(units[n]) for n in steps}
     names = list(steps)
     for _ in range(warmup):
         for n in names:
@@ -44,7 +48,7 @@ def compare(steps: dict[str, Callable[[], object]], reference: str, *, rounds: i
                 steps[n]()
                 times[n].append(time.perf_counter() - t0)
         for n in names:
-            ratios = [a / b for a, b in zip(times[reference], times[n], strict=True)]
+            ratios = [(a / per[reference]) / (b / per[n]) for a, b in zip(times[reference], times[n], strict=True)]
             o = out[n]
             o["median_s"].append(statistics.median(times[n]))
             o["ratio"].append(statistics.median(ratios))
@@ -64,8 +68,12 @@ def machine_line() -> str:
     """What the figures were measured on: CPU model, cores, load average, date (for the docs' tables)."""
     import platform
 
-    import jax
+    try:
+        import jax
 
+        backend = f"jax {jax.__version__} on {jax.default_backend()}"
+    except ImportError:
+        backend = "no jax"
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -74,5 +82,4 @@ def machine_line() -> str:
         pass
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     when = time.strftime("%Y-%m-%d")
-    return (f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {jax.default_backend()}, "
-            f"load {load} (1/5/15 min), {when}")  # fmt: skip
+    return f"{cpu}, {os.cpu_count()} cores, {backend}, load {load} (1/5/15 min), {when}"

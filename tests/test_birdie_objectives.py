@@ -154,6 +154,76 @@ def test_autoencoding_deshuffle_permutes_runs():
     assert moved >= 15
 
 
+def _walk_one_token_at_a_time(src, space, g, rate, mean, autoencode, shuffle=False, min_len=0, max_len=None):
+    """The v1 span-corruption walk written plainly, one position per step (the spec that functions.py's
+    vectorised walk reproduces draw for draw): per pass, n span lengths, n uniforms and n sentinel indices
+    drawn up front; at position t (draw i) a span starts if t is past the gap and u_i·ℓ_i < c, else token t
+    is kept; stop at the end of the text or before the cost would exceed ``space``; up to 100 passes."""
+    n = min(len(src), max_len or len(src), space)
+    if n < max(min_len, 1) or space < 3:
+        return None
+    for _ in range(100):
+        lengths = np.maximum(1, np.floor(g.normal(mean, 1.0, n))).astype(np.int64)
+        draws, sent = g.random(n), g.integers(0, len(IDS.sentinels), n)
+        runs, cur, target = [], [], []
+        cost, t, gap_end, i = 0, 0, -1, 0
+        while t < n:
+            ell = int(lengths[i])
+            corrupt = t > gap_end and draws[i] * ell < rate
+            i += 1
+            if corrupt:
+                ell = min(ell, n - t)
+                drop = 1 if autoencode and t + ell < n else 0
+                extra = 1 + ell + drop if autoencode else ell + 2
+                if cost + extra > space:
+                    break
+                s = int(IDS.sentinels[sent[i - 1]])
+                runs.append([*cur, s])
+                cur = []
+                target += [*src[t : t + ell].tolist(), s]
+                cost += extra
+                gap_end = (t + ell - 1) + ell // 3 + 1
+                t += ell + drop
+            else:
+                step = 2 if autoencode else 1
+                if cost + step > space:
+                    break
+                cur.append(int(src[t]))
+                cost += step
+                t += 1
+        if runs:
+            break
+    else:
+        return None
+    runs = [*runs, cur] if cur else runs
+    if shuffle:
+        runs = [runs[j] for j in g.permutation(len(runs))]
+    prefix = [tok for r in runs for tok in r]
+    return prefix, (src[:t].tolist() if autoencode else target), t
+
+
+def test_span_walk_equals_the_one_token_at_a_time_walk():
+    """Same rng, same sample: the vectorised walk against the plain one, over sizes, budgets and rates (short
+    and long sources, budgets that cut the text or a span, spans reaching the text's end)."""
+    g = rng(11)
+    for case in range(400):
+        autoencode = case % 2 == 1
+        n, space = int(g.integers(0, 700)), int(g.integers(0, 700))
+        params = {"rate": float(g.choice([0.05, 0.15, 0.5, 1.0])), "mean": float(g.choice([1.0, 3.0, 8.0, 32.0]))}
+        if autoencode:
+            params["shuffle"] = bool(g.random() < 0.5)
+        if g.random() < 0.2:
+            params["max_len"] = int(g.integers(1, 400))
+        src, seed = text(n, start=7), int(g.integers(1 << 30))
+        fn = F.autoencoding if autoencode else F.infilling
+        got = fn(src, space, rng(seed), IDS, **params)
+        want = _walk_one_token_at_a_time(src, space, rng(seed), autoencode=autoencode, **params)
+        assert (got is None) == (want is None), (case, n, space, params)
+        if got is not None:
+            assert (got.prefix.tolist(), got.target.tolist(), got.used) == want, (case, n, space, params)
+            assert got.prefix.dtype == got.target.dtype == np.int32
+
+
 @pytest.mark.parametrize("p", [0.5, 1.0])
 def test_deshuffling_keeps_multiset(p):
     s = F.deshuffling(text(100), 1000, rng(2), IDS, p=p)

@@ -89,43 +89,68 @@ def prefix_lm(src, space, rng, ids, *, max_len=None, min_side=4) -> Sample | Non
 
 
 def _span_walk(src, n, space, rng, ids, rate, mean, autoencode):
-    """One pass of v1's span-corruption walk (span.cpp). Returns (runs, spans, t): ``runs`` = corrupted input
-    as a list of chunks, each "unmasked text + its following sentinel" (the last may lack a sentinel),
-    ``spans`` = [(start, end, sentinel)], t = tokens consumed. Stops before the cost would exceed ``space``:
+    """One pass of v1's span-corruption walk (span.cpp), vectorised. Returns (starts, used, sents, t) — the
+    spans placed (int64 arrays: where each starts, how much text it removes from the input: ℓ, plus for
+    autoencoding the dropped token after it unless the span reaches the end; ``sents`` their sentinel ids) and
+    t = tokens consumed — or None when no span was placed.
+
+    The walk it reproduces, draw for draw: position t and draw index i start at 0; at each step span length
+    ℓ_i = max(1, ⌊N(μ, 1)⌋) and u_i ~ U[0, 1) are read (all n of each drawn up front, then n sentinel
+    indices); if t is past the gap (t > last_end + ⌊ℓ_last/3⌋ + 1, v1's rule) and u_i·ℓ_i < c, a span
+    [t, t + ℓ) is masked (ℓ capped at the text's end; autoencoding also drops the token after it), else token
+    t is kept; i += 1 either way. It stops at the end of the text or before the cost would exceed ``space``:
     infilling costs 1 per kept token and ℓ+2 per span (sentinel, span, sentinel); autoencoding 2 per kept
-    token and ℓ+2 per span (sentinel, then span and the dropped token in the target, the whole taken text)."""
-    lengths = np.maximum(1, np.floor(rng.normal(mean, 1.0, n))).astype(np.int64)
+    token and ℓ+2 per span (sentinel, then span and the dropped token in the target, the whole taken text).
+
+    Without a per-token loop: between spans t − i is constant, so a span can only start at a draw i with
+    u_i·ℓ_i < c (a "hit"), and after a span at draw j the next one is the first hit at a draw
+    >= j + ⌊ℓ_j/3⌋ + 2 − drop, whatever the position: the spans are a chain through the hits, followed
+    in Python once per span; positions, costs and the stopping point are then cumulative sums."""
+    x = rng.normal(mean, 1.0, n)
     draws = rng.random(n)
     sent = rng.integers(0, len(ids.sentinels), n)
-    runs, spans, cur = [], [], []
-    cost, t, gap_end, i = 0, 0, -1, 0
-    while t < n:
-        ell = int(lengths[i])
-        corrupt = t > gap_end and draws[i] * ell < rate
-        i += 1
-        if corrupt:
-            ell = min(ell, n - t)
-            drop = 1 if autoencode and t + ell < n else 0
-            extra = 1 + ell + drop if autoencode else ell + 2  # sentinel + target tokens
-            if cost + extra > space:
-                break
-            s = int(ids.sentinels[sent[i - 1]])
-            cur.append(s)
-            runs.append(cur)
-            cur = []
-            spans.append((t, t + ell, s))
-            cost += extra
-            gap_end = (t + ell - 1) + ell // 3 + 1  # v1: next start must be > last_end + ⌊w/3⌋ + 1
-            t += ell + drop
-        else:
-            step = 2 if autoencode else 1
-            if cost + step > space:
-                break
-            cur.append(int(src[t]))
-            cost += step
-            t += 1
-    runs.append(cur)
-    return runs, spans, t
+    np.maximum(np.floor(x, out=x), 1.0, out=x)  # span lengths ℓ_i (whole numbers, as floats)
+    hits = np.flatnonzero(draws * x < rate)
+    if not len(hits):
+        return None
+    drop = 1 if autoencode else 0
+    hl = x[hits].astype(np.int64)
+    nxt = np.searchsorted(hits, hits + hl // 3 + (2 - drop)).tolist()
+    chain, c, h = [], 0, len(hits)
+    while c < h:
+        chain.append(c)
+        c = nxt[c]
+    chain = np.array(chain)
+    j = hits[chain]  # each span's draw index, before the stopping rules
+    used = hl[chain] + drop if drop else hl[chain]  # text each span removes from the input: ℓ (+ the dropped)
+    cum = np.cumsum(used)
+    k = np.arange(len(j))
+    end = j + cum - k  # where each span's removed text ends, t_k + used_k (t_k = j_k + Σ earlier (used − 1))
+    # cost after span k: infilling, 1 per consumed token + 2 sentinels per span; autoencoding, 2 per kept
+    # token + 1 per removed token + 1 sentinel per span
+    cost = end + 2 * (k + 1) if not drop else 2 * end - cum + k + 1
+    m = int(np.searchsorted(end, n + drop))  # the first span with t + ℓ >= n (none after it)
+    step = 2 if drop else 1
+    fit = int(np.searchsorted(cost[:m], space, side="right"))  # spans before it within the budget
+    limit = int(end[fit] - used[fit]) if fit < len(j) else n  # where the next span would start
+    if fit == m and limit < n:  # that span starts inside the text: it is cut at the end, and drops nothing
+        ell = n - limit
+        last = n + 2 * (m + 1) if not drop else 2 * n - (int(cum[m - 1]) if m else 0) - ell + m + 1
+        if last <= space:
+            used = used[: m + 1].copy()
+            used[m] = ell
+            end = end[: m + 1].copy()
+            end[m] = n
+            fit, limit = m + 1, n
+            cost_prev = last
+    if fit == 0:
+        return None
+    if fit <= m:
+        cost_prev = int(cost[fit - 1])
+        limit = min(limit, n)
+    t_end = min(limit, int(end[fit - 1]) + (space - cost_prev) // step)
+    used = used[:fit]
+    return end[:fit] - used, used, ids.sentinels[sent[j[:fit]]], t_end
 
 
 def _corrupt(src, space, rng, ids, rate, mean, min_len, max_len, autoencode, retries=100):
@@ -133,10 +158,27 @@ def _corrupt(src, space, rng, ids, rate, mean, min_len, max_len, autoencode, ret
     if n < max(min_len, 1) or space < 3:
         return None
     for _ in range(retries):
-        runs, spans, t = _span_walk(src, n, space, rng, ids, rate, mean, autoencode)
-        if spans:
-            return runs, spans, t
+        out = _span_walk(src, n, space, rng, ids, rate, mean, autoencode)
+        if out is not None:
+            return out
     return None
+
+
+def _masked_input(seg, starts, used, sents):
+    """The corrupted input: ``seg`` with each span (and the dropped token after it) replaced by its sentinel.
+    Returns (input, mask over ``seg`` of the removed tokens, each sentinel's position in the input)."""
+    delta = np.zeros(len(seg) + 1, np.int32)
+    delta[starts] = 1
+    delta[starts + used] -= 1  # ends are distinct; an end may equal the next start (autoencoding)
+    removed = np.cumsum(delta[:-1]) > 0
+    k = len(starts)
+    pos = starts - (np.cumsum(used) - used) + np.arange(k)
+    out = np.empty(len(seg) - int(used.sum()) + k, np.int32)
+    is_sent = np.zeros(len(out), bool)
+    is_sent[pos] = True
+    out[pos] = sents
+    out[~is_sent] = seg[~removed]
+    return out, removed, pos
 
 
 def infilling(src, space, rng, ids, *, rate=0.15, mean=3.0, min_len=0, max_len=None) -> Sample | None:
@@ -145,9 +187,15 @@ def infilling(src, space, rng, ids, *, rate=0.15, mean=3.0, min_len=0, max_len=N
     out = _corrupt(src, space, rng, ids, rate, mean, min_len, max_len, autoencode=False)
     if out is None:
         return None
-    runs, spans, t = out
-    prefix = np.concatenate([_i32(r) for r in runs])
-    target = np.concatenate([np.append(_i32(src[a:b]), s) for a, b, s in spans]).astype(np.int32)
+    starts, ell, sents, t = out  # infilling removes just the span: used = ℓ
+    seg = _i32(src[:t])
+    prefix, removed, _ = _masked_input(seg, starts, ell, sents)
+    target = np.empty(int(ell.sum()) + len(ell), np.int32)
+    tpos = np.cumsum(ell + 1) - 1
+    is_sent = np.zeros(len(target), bool)
+    is_sent[tpos] = True
+    target[tpos] = sents
+    target[~is_sent] = seg[removed]
     return Sample(prefix, target, t)
 
 
@@ -158,11 +206,18 @@ def autoencoding(src, space, rng, ids, *, rate=0.5, mean=3.0, min_len=0, max_len
     out = _corrupt(src, space, rng, ids, rate, mean, min_len, max_len, autoencode=True)
     if out is None:
         return None
-    runs, spans, t = out
-    runs = [r for r in runs if r]
+    starts, used, sents, t = out
+    seg = _i32(src[:t])
+    prefix, _, pos = _masked_input(seg, starts, used, sents)
     if shuffle:
-        runs = [runs[j] for j in rng.permutation(len(runs))]
-    return Sample(np.concatenate([_i32(r) for r in runs]), _i32(src[:t]), t)
+        ends = pos + 1
+        if ends[-1] < len(prefix):  # a non-empty tail run
+            ends = np.append(ends, len(prefix))
+        begins = np.concatenate(([0], ends[:-1]))
+        perm = rng.permutation(len(ends))
+        lens = (ends - begins)[perm]
+        prefix = prefix[np.repeat(begins[perm] - (np.cumsum(lens) - lens), lens) + np.arange(len(prefix))]
+    return Sample(prefix, seg, t)
 
 
 # ----------------------------------------------------------------------------- deshuffling / copying
