@@ -1,27 +1,34 @@
-"""Language models: training tokens/s of each family at equal parameters (paper Table 4 compares the Gated
-SSM with the Transformer), and recurrent decoding at constant memory per generated token.
+"""Language models: training tokens/s of each family at equal parameters (paper Table 8 compares the Gated
+SSM with the Transformer), compile time, and decoding speed and memory.
 
 Training: the loop's own jitted step (ssmlm.train.loop.make_train_step with the LM loss and AdamW) on one
-packed batch at L = 2048, median of --repeats timed steps after a warm-up, all families in one process, so
-the ratios are what to read (absolute numbers move ±20% on a shared machine). Sizes keep the paper's 1.4B
-proportions shrunk: Gated SSM N = 1.25 d with twice the Transformer's blocks, Hawk N = 1.25 d with an MLP
-and 20/24 of the Transformer's blocks; the table prints each model's parameter count.
+packed batch (four samples per row, half of each a bidirectional prefix) at L = 2048. All families run in one
+process, steps interleaved (benchmarks/paired.py: rounds of one step per family, rotating order, two passes),
+and the ratio to read is each family's paired speed against the reference peer, the Transformer with
+segment-aware attention (model.attention auto: on CPU the blockwise path that skips query/key blocks of
+other samples and of the causal future, as a careful user's attention would). The Transformer with the
+dense masked L × L attention is reported beside it. Sizes keep the paper's 1.4B proportions shrunk: Gated SSM
+N = 1.25 d with twice the Transformer's blocks, Gated SSM+ 21/24 and Hawk 20/24 of its blocks with an MLP;
+the table prints each model's parameter count. Compile: wall seconds of lower() + compile() of the step.
 
-Decoding: prefill a 16-token prompt, then generate --decode tokens (1k and 8k by default) with the jitted
-recurrent step; tokens/s and the bytes of the decoding state (the cache pytree: O(1) for the recurrences,
-growing with the length for the Transformer's KV cache) and the process's peak RSS.
+Decoding: prefill a 16-token prompt, then generate --decode tokens with the jitted step, the families
+interleaved in chunks of 256 tokens; tokens/s over the whole generation (the Transformer's step reads the
+filled part of its cache, so it slows as the cache fills), the bytes of the decoding state (O(1) for the
+recurrences, growing with the length for the KV cache) and the process's peak RSS.
 
     python benchmarks/lm_throughput.py                    # d=256, L=2048, batch 2
+    python benchmarks/lm_throughput.py --d 1024 --layers 2 --batch 1   # where dense layers dominate
     python benchmarks/lm_throughput.py --only decode --decode 1024,8192
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
+import dataclasses
 import resource
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,17 +43,27 @@ from ssmlm.recipe import TrainConfig
 from ssmlm.train.loop import make_train_step
 from ssmlm.train.optim import make_optimizer
 
+sys.path.insert(0, str(Path(__file__).parent))
+from paired import compare, machine_line, ratio_cell  # noqa: E402
+
 VOCAB = 4096
+REFERENCE = "transformer_lm"
 
 
-def configs(d: int, layers: int) -> dict[str, ModelConfig]:
+def configs(d: int, layers: int, length: int, dtype: str = "float32") -> dict[str, ModelConfig]:
     """Equal-parameter families in the paper's proportions (Table 7), ``layers`` = the Transformer's."""
-    common = dict(hidden_size=d, vocab_size=VOCAB, max_seq_length=2048, dropout=0.0, num_heads=max(1, d // 64))
+    common = dict(hidden_size=d, vocab_size=VOCAB, max_seq_length=length, dropout=0.0, num_heads=max(1, d // 64),
+                  compute_dtype=dtype)  # fmt: skip
     n = int(1.25 * d) // 2 * 2
+    tf = ModelConfig(arch="transformer_lm", num_layers=layers, bidirectional="all", **common)
     return {
         "gated_ssm": ModelConfig(arch="gated_ssm", num_layers=2 * layers, state_size=n, **common),
+        "gated_ssm_plus": ModelConfig(
+            arch="gated_ssm_plus", num_layers=max(1, round(layers * 21 / 24)), state_size=n, **common
+        ),  # fmt: skip
         "hawk": ModelConfig(arch="hawk", num_layers=max(1, round(layers * 20 / 24)), state_size=n, **common),
-        "transformer_lm": ModelConfig(arch="transformer_lm", num_layers=layers, bidirectional="all", **common),
+        REFERENCE: tf,
+        "transformer_lm dense": dataclasses.replace(tf, attention="dense"),
     }
 
 
@@ -61,44 +78,78 @@ def a_batch(batch: int, length: int, seed: int = 0):
     return make_batch(tokens, np.roll(tokens, -1, 1), types == 3, segment_ids=seg, positions=pos, token_types=types)
 
 
-def train_tokens_per_s(cfg: ModelConfig, batch: int, length: int, repeats: int) -> tuple[int, float]:
+def train_step(cfg: ModelConfig, batch: int, length: int):
+    """(one-step callable, parameter count, compile wall seconds) for ``cfg``'s training step."""
     model = build_pretraining_model(cfg)
     graphdef, params = nnx.split(model, nnx.Param)
     opt = make_optimizer(TrainConfig(steps=100, learning_rate=1e-3), 100, params, cfg)
     opt_state = opt.tx.init(params)
-    step_fn = make_train_step(LMObjective.loss, opt.tx, graphdef, 0)
     b = jax.device_put(a_batch(batch, length))
-    params, opt_state, m = step_fn(params, opt_state, b, jnp.int32(0))  # compile + warm-up
-    jax.block_until_ready(m)
-    times = []
-    for i in range(repeats):
-        t = time.perf_counter()
-        params, opt_state, m = step_fn(params, opt_state, b, jnp.int32(i + 1))
+    t = time.perf_counter()
+    fn = make_train_step(LMObjective.loss, opt.tx, graphdef, 0).lower(params, opt_state, b, jnp.int32(0)).compile()
+    compile_s = time.perf_counter() - t
+    state = {"params": params, "opt": opt_state, "i": 0}
+
+    def step():
+        state["params"], state["opt"], m = fn(state["params"], state["opt"], b, jnp.int32(state["i"]))
+        state["i"] += 1
         jax.block_until_ready(m)
-        times.append(time.perf_counter() - t)
-    return count_params(model), batch * length / statistics.median(times)
+
+    return step, count_params(model), compile_s
 
 
-def decode(cfg: ModelConfig, n_tokens: int, measure: int = 0) -> tuple[float, int]:
-    """Tokens/s of recurrent decoding with room for ``n_tokens``, timed over ``measure`` steps (0: all of them;
-    a step's cost does not depend on its position: the Transformer reads every cache slot, masked), and the
-    bytes of the decoding state."""
+def train_table(cfgs: dict[str, ModelConfig], batch: int, length: int, rounds: int) -> None:
+    steps, info = {}, {}
+    for k, c in cfgs.items():
+        steps[k], n, compile_s = train_step(c, batch, length)
+        info[k] = (c.num_layers, n, compile_s)
+        print(f"  compiled {k}: {compile_s:.1f} s", file=sys.stderr, flush=True)
+    res = compare(steps, REFERENCE, rounds=rounds, warmup=2)
+    print(f"| family | blocks | params | compile s | tokens/s (pass 1 · 2) | speed vs {REFERENCE}, paired "
+          "median (range), pass 1 · pass 2 |\n|---|---:|---:|---:|---:|---|")  # fmt: skip
+    for k, r in res.items():
+        blocks, n, compile_s = info[k]
+        tps = " · ".join(f"{batch * length / m:,.0f}" for m in r["median_s"])
+        print(f"| {k} | {blocks} | {n / 1e6:.2f}M | {compile_s:.1f} | {tps} | {ratio_cell(r)} |")
+
+
+def decoder(cfg: ModelConfig, n_tokens: int):
+    """A callable that generates the next 256 tokens of one greedy generation (batch 1), and the cache."""
     from ssmlm.models.decode import Stepper
 
     run = Stepper(build_pretraining_model(cfg))
     prompt = jnp.arange(1, 17, dtype=jnp.int32)[None]
-    cache = run.init_cache(1, 16 + n_tokens)
+    cache = run.init_cache(1, 16 + n_tokens + 1)
     logits, cache = run.prefill(prompt, jnp.full_like(prompt, 3), cache)
-    tok = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
-    logits, cache = run.step(tok, cache)  # compile
-    jax.block_until_ready(logits)
-    steps = min(measure or n_tokens - 1, n_tokens - 1)
-    t = time.perf_counter()
-    for _ in range(steps):
-        logits, cache = run.step(jnp.argmax(logits, -1).astype(jnp.int32), cache)
-    jax.block_until_ready(logits)
-    state_bytes = sum(x.nbytes for x in jax.tree.leaves(cache))
-    return steps / (time.perf_counter() - t), state_bytes
+    state = {"logits": logits[:, -1], "cache": cache, "done": 0}
+
+    def chunk(n=256):
+        for _ in range(min(n, n_tokens - state["done"])):
+            tok = jnp.argmax(state["logits"], -1).astype(jnp.int32)
+            state["logits"], state["cache"] = run.step(tok, state["cache"])
+        state["done"] += n
+        jax.block_until_ready(state["logits"])
+
+    return chunk, state
+
+
+def decode_table(cfgs: dict[str, ModelConfig], lengths: list[int]) -> None:
+    print("| family | generated | tokens/s | state | peak RSS |\n|---|---:|---:|---:|---:|")
+    for n in lengths:
+        runs = {k: decoder(c, n) for k, c in cfgs.items()}
+        for chunk, _ in runs.values():
+            chunk(1)  # compile
+        spent = dict.fromkeys(runs, 0.0)
+        for r in range(-(-n // 256)):
+            names = list(runs)
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                t = time.perf_counter()
+                runs[k][0]()
+                spent[k] += time.perf_counter() - t
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        for k, (_, state) in runs.items():
+            nbytes = sum(x.nbytes for x in jax.tree.leaves(state["cache"]))
+            print(f"| {k} | {n:,} | {(n - 1) / spent[k]:,.0f} | {nbytes / 2**20:.2f} MiB | {rss:,.0f} MiB |")
 
 
 def main() -> None:
@@ -107,34 +158,27 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4, help="the Transformer's blocks (the others scale from it)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--length", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="timed steps per family per pass (two passes)")
     ap.add_argument("--decode", default="1024,8192")
     ap.add_argument("--only", default="train,decode")
-    ap.add_argument("--measure", type=int, default=0, help="decoding steps timed per run (0: all)")
-    ap.add_argument("--families", default="gated_ssm,gated_ssm_plus,hawk,transformer_lm")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype (GPU: "
+                    "bfloat16 lets the Transformer use cuDNN attention)")  # fmt: skip
+    ap.add_argument("--families", default="gated_ssm,gated_ssm_plus,hawk,transformer_lm,transformer_lm dense")
     a = ap.parse_args()
-    print(f"# {platform.processor() or platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} "
-          f"device(s), jax {jax.__version__}")  # fmt: skip
-    cfgs = configs(a.d, a.layers)
+    print(f"# {machine_line()}")
+    cfgs = configs(a.d, a.layers, a.length, a.dtype)
+    unknown = set(a.families.split(",")) - set(cfgs)
+    if unknown:
+        ap.error(f"--families: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(cfgs)}")
+    cfgs = {k: c for k, c in cfgs.items() if k in a.families.split(",") or k == REFERENCE}
     if "train" in a.only:
-        print(f"\n## training step, L = {a.length}, batch {a.batch}, d = {a.d}")
-        print("| family | blocks | params | tokens/s | vs transformer_lm |\n|---|---:|---:|---:|---:|")
-        rows = {k: train_tokens_per_s(c, a.batch, a.length, a.repeats) for k, c in cfgs.items()}
-        base = rows["transformer_lm"][1]
-        for k, (n, tps) in rows.items():
-            print(f"| {k} | {cfgs[k].num_layers} | {n / 1e6:.2f}M | {tps:,.0f} | {tps / base:.2f}× |")
+        print(f"\n## training step, L = {a.length}, batch {a.batch}, d = {a.d}, {a.dtype}, "
+              f"{a.rounds} rounds × 2 passes")  # fmt: skip
+        train_table(cfgs, a.batch, a.length, a.rounds)
     if "decode" in a.only:
-        lengths = [int(x) for x in a.decode.split(",")]
-        print(f"\n## decoding, batch 1, d = {a.d} (state = bytes of the decoding cache)")
-        print("| family | generated | tokens/s | state | peak RSS |\n|---|---:|---:|---:|---:|")
-        for k in a.families.split(","):
-            c = cfgs.get(k) or ModelConfig(arch=k, **{f: getattr(cfgs["hawk"], f) for f in
-                                                       ("hidden_size", "vocab_size", "max_seq_length", "dropout",
-                                                        "num_layers", "state_size")})  # fmt: skip
-            for n in lengths:
-                tps, state = decode(c, n, a.measure)
-                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-                print(f"| {k} | {n:,} | {tps:,.0f} | {state / 2**20:.2f} MiB | {rss:,.0f} MiB |")
+        print(f"\n## decoding, batch 1, d = {a.d}, families interleaved in 256-token chunks")
+        decode_table({k: c for k, c in cfgs.items() if k != "transformer_lm dense"},
+                     [int(x) for x in a.decode.split(",")])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ The attention bias is 0 where allowed and ssmlm.models.layers.MASK_VALUE elsewhe
 in every layer when ``bidirectional`` (the paper: "equivalent to the Prefix LM architecture"), and without
 the prefix term (plain causal) otherwise. The last factor is ours: padding (segment 0) is never attended,
 so a padding query attends to nothing and its attention output is 0 (instead of NaN or a mean of padding).
+The attention itself is ssmlm.models.attention's, computed as ``cfg.attention`` says: the dense masked matrix,
+or blockwise skipping the query/key blocks with no allowed pair (the CPU default), or cuDNN's kernel (GPU);
+all give the same values.
 
 Parameters per block: 4d² (attention) + 3·d·round(8d/3) (SwiGLU) + 2d (two RMSNorm scales).
 
@@ -28,7 +31,8 @@ alike. The mask value stays −1e30 (MASK_VALUE, which the encoders now use too 
 
 Decoding keeps a KV cache per block: ``prefill`` runs a prompt (the same mask as training, so a
 bidirectional prefix followed by causal tokens) and stores its keys/values at 0..P-1; ``step`` appends one
-causal token, which attends to every cached key plus itself.
+causal token, which attends to every cached key plus itself, reading the cache only up to the longest row's
+filled slots (ssmlm.models.attention.attend_cache), so a step costs the text so far, not the cache's size.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ssmlm.models.attention import attend_cache, attention_mask, segment_attention
 from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, RMSNorm, attend, dense
 from ssmlm.models.lm_context import Context
 
-__all__ = ["RMSNorm", "TransformerBlock", "attend", "attention_mask", "rope"]  # RMSNorm, attend: ssmlm.models.layers
+# RMSNorm, attend: ssmlm.models.layers; attention_mask: ssmlm.models.attention
+__all__ = ["RMSNorm", "TransformerBlock", "attend", "attention_mask", "rope"]
 
 
 def rope(x, positions, base: float):
@@ -55,16 +61,6 @@ def rope(x, positions, base: float):
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-def attention_mask(ctx: Context, bidirectional: bool):
-    """allowed (B, L_q, L_k) bool for one packed row per batch entry (module docstring)."""
-    seg, n = ctx.segment_ids, ctx.segment_ids.shape[1]
-    see = jnp.tril(jnp.ones((n, n), bool))[None]  # k ≤ q
-    if bidirectional:
-        see = see | (ctx.prefix[:, :, None] & ctx.prefix[:, None, :])
-    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
-    return see & same
 
 
 class TransformerBlock(nnx.Module):
@@ -90,6 +86,7 @@ class TransformerBlock(nnx.Module):
         self.head_size = d // heads
         self.rope_base = cfg.rope_base
         self.dtype = dtype
+        self.attention = cfg.attention
 
     # -- pieces ---------------------------------------------------------------------------------------
     def qkv(self, x, positions):
@@ -106,9 +103,13 @@ class TransformerBlock(nnx.Module):
         return x + self.down(jax.nn.silu(self.gate(h)) * self.up(h)).astype(x.dtype)
 
     # -- training -------------------------------------------------------------------------------------
-    def __call__(self, x, ctx: Context):
+    def self_attention(self, x, ctx: Context):
+        """The masked self-attention values (B, L, H, d_h) of a packed row x (B, L, d), and its keys/values."""
         q, k, v = self.qkv(x, ctx.positions)
-        return self.finish(x, attend(q, k, v, attention_mask(ctx, self.bidirectional)))
+        return segment_attention(q, k, v, ctx, self.bidirectional, self.attention), k, v
+
+    def __call__(self, x, ctx: Context):
+        return self.finish(x, self.self_attention(x, ctx)[0])
 
     # -- decoding -------------------------------------------------------------------------------------
     def init_cache(self, batch: int, max_len: int) -> dict:
@@ -122,8 +123,8 @@ class TransformerBlock(nnx.Module):
         """Run a prompt (B, P, d), one sample per row, with the training mask (its prefix bidirectional when
         the block is), and store its keys/values in slots 0..P-1. ``lengths`` becomes the number of
         non-padding tokens per row (P for an unpadded prompt; padding, if any, must be at the end)."""
-        q, k, v = self.qkv(x, ctx.positions)
-        out = self.finish(x, attend(q, k, v, attention_mask(ctx, self.bidirectional)))
+        a, k, v = self.self_attention(x, ctx)
+        out = self.finish(x, a)
         p = x.shape[1]
         cache = {
             "k": cache["k"].at[:, :p].set(k.astype(cache["k"].dtype)),
@@ -137,11 +138,10 @@ class TransformerBlock(nnx.Module):
         slot ``lengths``; it attends to slots 0..lengths (the cached keys and itself)."""
         q, k, v = self.qkv(x[:, None], pos[:, None])  # (B, 1, H, d_h)
         n = cache["lengths"]
-        slots = jnp.arange(cache["k"].shape[1])[None]  # (1, max_len)
         # write one slot per row in place (a where over the whole cache rewrites all max_len slots every step)
         put = jax.vmap(lambda c, new, i: jax.lax.dynamic_update_slice(c, new, (i, 0, 0)))
         keys = put(cache["k"], k.astype(cache["k"].dtype), n)
         values = put(cache["v"], v.astype(cache["v"].dtype), n)
-        allowed = (slots <= n[:, None])[:, None]  # (B, 1, max_len)
-        out = self.finish(x[:, None], attend(q, keys, values, allowed))[:, 0]
+        a = attend_cache(q[:, 0], keys, values, n)  # slots 0..n: the cached keys and its own
+        out = self.finish(x[:, None], a[:, None])[:, 0]
         return out, {"k": keys, "v": values, "lengths": n + 1}
