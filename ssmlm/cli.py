@@ -331,6 +331,16 @@ DataDirOpt = Annotated[
     ),
 ]
 
+InitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="pretrained: the --ckpt run's weights; random: its architecture at a fresh initialisation "
+        "(the baseline; seed train.seed), or without --ckpt --recipe's model.",
+    ),
+]
+INIT = checks.Rule(lambda v: v in ("pretrained", "random"), "pretrained or random")
+
 
 @app.command()
 @user_errors
@@ -370,6 +380,7 @@ def finetune(
     quiet: QuietOpt = False,
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
+    init: InitOpt = "pretrained",
 ):
     """Finetune a pretrained run: an encoder on a task, a language model on prompt/response pairs.
 
@@ -377,16 +388,28 @@ def finetune(
 
     Language models: phone-book retrieval (Birdie) or instruction tuning, prompt as prefix, response as target.
 
+    Random-initialisation baseline: --init random (the architecture of --ckpt RUN, its weights not loaded; without
+    --ckpt, of --recipe's model, e.g. --recipe default, tokenised as its data section says).
+
     Example: ssmlm finetune --ckpt runs/default --task builtin-order
     Example: ssmlm finetune --ckpt runs/birdie_gated_ssm --task phonebook --recipe phonebook_tiny
+    Example: ssmlm finetune --ckpt runs/default --task builtin-order --init random
     """
+    checks.option("--init", init, INIT)
     ckpt = init_from or ckpt
-    if not ckpt:
+    if not ckpt and init != "random":
         raise UserError("finetune needs a checkpoint: pass --ckpt RUN_DIR (or --init-from FINETUNED_RUN)")
-    checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
-    lm = is_lm(_run_arch(ckpt))
+    if ckpt:
+        checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
+    lm = is_lm(_run_arch(ckpt)) if ckpt else False
     r = _load(recipe, set_, LM_FINETUNE_RECIPES.get(task, "lm_finetune") if lm else "finetune_default")
     _check_training_options(name, stop_after)
+    if not ckpt and is_lm(r.model.arch):
+        raise UserError(f"--init random of a language model ({r.model.arch}) needs --ckpt RUN (its tokenizer)")
+    if not ckpt:
+        check_inputs(r)  # the recipe's own corpus and tokenizer give the vocabulary
+    if dry_run and not ckpt:
+        raise UserError("--dry-run with --init random needs --ckpt RUN (the architecture to plan)")
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
@@ -401,12 +424,13 @@ def finetune(
 
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
-    base_name = name or f"{Path(ckpt).name}-{task_name}"
+    start = Path(ckpt).name if ckpt else r.name
+    base_name = name or f"{start}-{'random-' if init == 'random' else ''}{task_name}"
     results = []
     for seed in seed_list:
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
-        summary = run_finetune(rs, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
+        summary = run_finetune(rs, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)], init=init)
         _print_summary(summary, run_dir)
         best = summary.get("best_validation")
         if best and not lm:
@@ -655,6 +679,62 @@ def import_bigs(
         "max_seq_length": run.recipe.model.max_seq_length,
     }
     typer.echo(json.dumps(info, indent=2))
+
+
+@app.command()
+@user_errors
+def experiment(
+    file: Annotated[str, typer.Argument(help="Experiment file (YAML): arms, seeds, stages, metric, reference.")],
+    out: Annotated[
+        str | None, typer.Option("--out", help="Output directory (default: runs/experiments/FILE_STEM).")
+    ] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Runs at a time, each in its own process (default 1: in this one).")
+    ] = 1,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show each run's own output too.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the file, list the runs, exit.")] = False,
+):
+    """Run arms × seeds (× a grid) as ordinary runs; report each arm's mean, 95% CI and paired difference.
+
+    Every stage (pretrain → finetune → evaluate) of every arm and seed is a run directory under --out; finished
+    runs are reused and interrupted ones resume, so running the same command again continues.
+
+    Writes OUT/results.md, .csv, .json and results.png; prints the table.
+
+    Example: ssmlm experiment experiments/smoke.yaml
+    """
+    checks.option("--jobs", jobs, checks.POSITIVE)
+    from ssmlm.experiment.spec import load_experiment
+
+    exp = load_experiment(file)
+    out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
+    if dry_run:
+        return _print_experiment_plan(exp, out_dir)
+    from ssmlm.experiment.report import markdown, write
+    from ssmlm.experiment.runner import run_experiment
+
+    res = run_experiment(exp, out_dir, jobs=jobs, verbose=verbose, echo=typer.echo)
+    paths = write(res, out_dir)
+    typer.echo("")
+    typer.echo(markdown(res), nl=False)
+    typer.echo(f"wrote {paths['md']}, results.csv, results.json, results.png")
+    if any(a["status"] != "ok" for a in res["arms"].values()):
+        raise typer.Exit(1)
+
+
+def _print_experiment_plan(exp, out_dir: Path) -> None:
+    from ssmlm.experiment.runner import build_plan
+
+    plan = build_plan(exp, out_dir)
+    for job in plan.pretrain + plan.finetune:
+        start = f" from {job.recipe.train.init_from}" if job.kind == "finetune" and job.recipe.train.init_from else ""
+        init = " (init: random)" if job.init == "random" else ""
+        typer.echo(f"{job.label}: {job.run_dir}{start}{init}")
+    if "evaluate" in exp.stages:
+        splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))
+        where = " at each arm's selected grid point" if exp.grid else ""
+        typer.echo(f"then evaluate ({splits}): {len(exp.arms) * len(exp.seeds)} runs{where}")
+    typer.echo(f"metric {exp.metric} ({exp.metric.goal}), reference {exp.reference}")
 
 
 @app.command()

@@ -28,6 +28,7 @@ LAYER = {
     "runs": 5,
     "train": 6,
     "analyze": 7,
+    "experiment": 7,  # arms × seeds of ordinary runs (train's drivers), their intervals and plots (analyze's)
     "cli": 8, "__main__": 8,
 }  # fmt: skip
 

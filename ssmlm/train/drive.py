@@ -22,7 +22,7 @@ from ssmlm.recipe import Recipe
 from ssmlm.runs import Run, atomic_write, open_run, prepare_run_dir, removed_on_failure, sha256
 from ssmlm.train import loop
 from ssmlm.train.mesh import barrier, check_batch, make_mesh, maybe_initialize_distributed
-from ssmlm.train.parts import best_validation
+from ssmlm.train.parts import architecture_only, best_validation, recipe_source
 
 # (kind of work, language model?) -> the parts module (ssmlm.train.parts.*)
 PARTS = {
@@ -43,9 +43,16 @@ def check_layout(recipe: Recipe) -> None:
     check_batch(recipe.train.batch_size // recipe.train.grad_accum, make_mesh(recipe.mesh))
 
 
-def source_run(recipe: Recipe, kind: str) -> Run | None:
+def source_run(recipe: Recipe, kind: str, init: str = "pretrained", quiet: bool = False) -> Run | None:
+    """The run a stage starts from. ``init='random'`` (finetune only): its architecture and tokenizer, the weights
+    not loaded — of ``train.init_from`` when set, else of the recipe's own model and data."""
     if kind not in NEEDS_SOURCE:
         return None
+    if init == "random":
+        if kind != "finetune":
+            raise UserError(f"init 'random' is for finetune, not {kind}")
+        source = open_run(recipe.train.init_from) if recipe.train.init_from else recipe_source(recipe, quiet)
+        return architecture_only(source)
     if not recipe.train.init_from:
         raise UserError(NEEDS_SOURCE[kind])
     return open_run(recipe.train.init_from)
@@ -63,18 +70,21 @@ def parts_for(kind: str, arch: str):
 
 def drive(
     kind: str, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None,
-    hooks: list | None = None,
+    hooks: list | None = None, init: str = "pretrained",
 ) -> dict[str, Any]:  # fmt: skip
     """Run ``kind`` (pretrain | extend-length | finetune) of ``recipe`` in ``run_dir``, resuming from its newest
-    checkpoint; ``stop_after`` ends this invocation after that many more steps, with a checkpoint."""
+    checkpoint; ``stop_after`` ends this invocation after that many more steps, with a checkpoint; ``init``
+    'random' (finetune): the source's architecture at a fresh initialisation (seed train.seed)."""
     maybe_initialize_distributed()
     # finetuning follows the source run's family; pretraining and extend-length the recipe's (and an extended
     # source must be of a family that extends too)
     own = None if kind == "finetune" else parts_for(kind, recipe.model.arch)
-    source = source_run(recipe, kind)
+    source = source_run(recipe, kind, init, quiet)
     of_source = parts_for(kind, source.recipe.model.arch) if source is not None else None
     parts = own or of_source
     work = parts.prepare(recipe, kind, source, quiet)
+    if init == "random":  # the manifest says so; the source named is the architecture's (None: the recipe's)
+        work.info.update(init="random", source=str(source.dir) if recipe.train.init_from else None)
     check_layout(work.recipe)
     stage = work.stage
     stage.hooks = [*stage.hooks, *(hooks or [])]
@@ -102,5 +112,6 @@ def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", **kw) -> dic
 
 
 def finetune(recipe: Recipe, run_dir: Path, **kw) -> dict[str, Any]:
-    """`ssmlm finetune`: a task head on an encoder run, or prompt/response pairs on a language-model run."""
+    """`ssmlm finetune`: a task head on an encoder run, or prompt/response pairs on a language-model run
+    (``init='random'``: the random-initialisation baseline, `ssmlm finetune --init random`)."""
     return drive("finetune", recipe, run_dir, **kw)

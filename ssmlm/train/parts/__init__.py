@@ -65,9 +65,34 @@ def preprocessed(data: DataConfig, seq_len: int, quiet: bool, layout: str = "row
     return data_dir
 
 
+def architecture_only(source: Run) -> Run:
+    """``source`` as an architecture and tokenizer only: ``source_weights`` leaves the model at its fresh
+    initialisation (`ssmlm finetune --init random`)."""
+    return dataclasses.replace(source, info={**source.info, "weights": False})
+
+
+def recipe_source(recipe: Recipe, quiet: bool) -> Run:
+    """An encoder recipe's own model and data as a source run without weights (`finetune --init random` without
+    --ckpt): the data is preprocessed (or its cache reused) for the tokenizer, which fixes model.vocab_size."""
+    from ssmlm.data.preprocess import read_metadata
+    from ssmlm.errors import UserError
+    from ssmlm.models import is_lm, with_vocab
+
+    if is_lm(recipe.model.arch):
+        raise UserError(f"init 'random' of a language model ({recipe.model.arch}) needs --ckpt RUN (its tokenizer)")
+    data_dir = preprocessed(recipe.data, recipe.seq_len, quiet)
+    resolved = dataclasses.replace(recipe, model=with_vocab(recipe.model, read_metadata(data_dir)["vocab_size"]))
+    return architecture_only(Run(data_dir, resolved, {"kind": "pretrain", "data_dir": str(data_dir), "source": None}))
+
+
 def source_weights(model, source: Run, position_init: str = "tile") -> None:
-    """Copy a source run's weights into ``model`` (what matches by name and shape; see train.transfer)."""
+    """Copy a source run's weights into ``model`` (what matches by name and shape; see train.transfer); a source
+    from ``architecture_only`` leaves the model as it is."""
     from ssmlm.models import extend_hook
+
+    if source.info.get("weights") is False:
+        console.print(f"random initialisation: the architecture of {source.dir}, its weights not loaded")
+        return
 
     src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
     report = transplant(model, src_params, position_init, extend_hook(source.recipe.model.arch))

@@ -1,0 +1,10 @@
+"""`ssmlm experiment FILE.yaml`: arms × seeds of ordinary ssmlm runs, with confidence intervals.
+
+    spec.py     the experiment file: schema, loading, one-line errors naming the file and the field
+    runner.py   the plan (one run directory per stage of every arm × seed × grid point) and running it, resumably
+    stats.py    Student t and percentile-bootstrap intervals, the paired difference to the reference arm
+    report.py   results.md / .csv / .json and results.png (error bars)
+
+Every stage is run by the same driver functions the CLI calls (ssmlm.train.drive, ssmlm.train.evaluate), so a
+run directory of an experiment is one that `ssmlm pretrain|finetune|evaluate` would have written.
+"""

@@ -1,0 +1,137 @@
+"""An experiment's results: per arm n, mean and a 95% interval over seeds, and the paired difference to the
+reference arm; written as OUT/results.md, results.csv, results.json and results.png (means with error bars)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ssmlm.experiment.spec import Experiment
+from ssmlm.experiment.stats import BOOTSTRAP_FROM, BOOTSTRAP_RESAMPLES, LEVEL, mean_interval, paired_difference
+
+COLUMNS = ("arm", "status", "n", "mean", "ci_low", "ci_high", "ci_method", "diff_n", "diff_mean", "diff_low",
+           "diff_high", "diff_method", "selected", "error")  # fmt: skip
+
+
+def summarize(exp: Experiment, arms: dict[str, dict], seconds: float) -> dict:
+    """Add every arm's interval and its paired difference to the reference (by seed) to the collected values."""
+    ref = arms[exp.reference]
+    for name, a in arms.items():
+        vals = list(a["values"].values())
+        a["interval"] = mean_interval(vals).to_dict() if a["status"] == "ok" and vals else None
+        diff = None
+        if name != exp.reference and a["interval"] and ref["status"] == "ok":
+            d = paired_difference(a["values"], ref["values"])
+            diff = d.to_dict() if d else None
+        a["difference"] = diff
+    return {
+        "experiment": str(exp.path), "name": exp.name, "description": exp.description,
+        "metric": str(exp.metric), "goal": exp.metric.goal, "reference": exp.reference, "seeds": list(exp.seeds),
+        "stages": list(exp.stages), "grid": exp.grid, "level": LEVEL,
+        "interval": f"Student t for n < {BOOTSTRAP_FROM} seeds, percentile bootstrap ({BOOTSTRAP_RESAMPLES:,} "
+                    f"resamples) from {BOOTSTRAP_FROM}; differences: paired by seed, Student t",
+        "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "arms": arms,
+    }  # fmt: skip
+
+
+def fmt(v) -> str:
+    return "–" if v is None else f"{v:.4g}"
+
+
+def _ci(iv: dict | None) -> str:
+    if not iv:
+        return "–"
+    if iv["low"] is None:
+        return "– (n = 1)"
+    return f"[{fmt(iv['low'])}, {fmt(iv['high'])}] {iv['method']}"
+
+
+def markdown(res: dict) -> str:
+    """The results table (and, with a grid, the validation means per point)."""
+    ref = res["reference"]
+    grid = any("selected" in a for a in res["arms"].values())
+    head = ["arm", "n", "mean", "95% CI", f"Δ vs {ref} (paired)", "Δ 95% CI"] + (["selected"] if grid else [])
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---|" + ("---|" if grid else "")]
+    notes = []
+    for name, a in res["arms"].items():
+        iv, d = a["interval"], a["difference"]
+        if a["status"] != "ok":
+            row = [name, "–", "failed", "–", "–", "–"]
+            notes.append(f"- {name} failed: {a['error']}")
+        else:
+            delta = "reference" if name == ref else (f"{d['mean']:+.4g}" if d else "–")
+            row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv), delta, _ci(d) if d else "–"]
+        lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
+    text = [f"{res['name']}: {res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better), "
+            f"{len(res['seeds'])} seeds {res['seeds']}", "", *lines]  # fmt: skip
+    text += ["", f"95% CI: {res['interval']}."]
+    if grid:
+        text += ["Grid: the point with the best mean final validation metric was selected per arm; the numbers "
+                 "above are the separate test split's."]  # fmt: skip
+    return "\n".join(text + ([""] + notes if notes else [])) + "\n"
+
+
+def grid_markdown(res: dict) -> str:
+    rows = ["| arm | point | validation mean | selected |", "|---|---|---:|---|"]
+    for name, a in res["arms"].items():
+        for r in a.get("grid") or []:
+            mean = fmt(r["mean"]) if r["mean"] is not None else f"failed: {r['error']}"
+            rows.append(f"| {name} | {r['point']} | {mean} | {'yes' if r['selected'] else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+def write(res: dict, out: Path) -> dict[str, Path]:
+    """results.md, .csv, .json and .png (and .svg) under ``out``."""
+    from ssmlm.analyze.plots import write_csv
+
+    md = markdown(res)
+    if any(a.get("grid") for a in res["arms"].values()):
+        md += "\nValidation means per grid point:\n\n" + grid_markdown(res)
+    paths = {"md": out / "results.md", "csv": out / "results.csv", "json": out / "results.json"}
+    paths["md"].write_text(md)
+    paths["json"].write_text(json.dumps(res, indent=2, default=str))
+    write_csv(paths["csv"], COLUMNS, [csv_row(name, a) for name, a in res["arms"].items()])
+    paths["png"] = plot(res, out / "results.png")
+    return paths
+
+
+def csv_row(name: str, a: dict) -> dict:
+    iv, d = a["interval"] or {}, a["difference"] or {}
+    return {"arm": name, "status": a["status"], "n": iv.get("n"), "mean": iv.get("mean"), "ci_low": iv.get("low"),
+            "ci_high": iv.get("high"), "ci_method": iv.get("method"), "diff_n": d.get("n"),
+            "diff_mean": d.get("mean"), "diff_low": d.get("low"), "diff_high": d.get("high"),
+            "diff_method": d.get("method"), "selected": a.get("selected"), "error": a["error"]}  # fmt: skip
+
+
+def plot(res: dict, path: Path) -> Path:
+    """Each arm's mean with its 95% interval as an error bar, the seeds' values as dots, the reference's mean as a
+    dashed line; a failed arm is labelled so."""
+    from ssmlm.analyze.plots import _plt, save_figure
+
+    plt = _plt()
+    names = list(res["arms"])
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 4))
+    for i, name in enumerate(names):
+        a = res["arms"][name]
+        iv = a["interval"]
+        if a["status"] != "ok" or not iv:
+            ax.annotate("failed", (i, 0.5), xycoords=("data", "axes fraction"), ha="center", color="tab:red")
+            continue
+        vals = list(a["values"].values())
+        ax.scatter([i + 0.12] * len(vals), vals, s=14, color="0.5", zorder=2, label="seeds" if i == 0 else None)
+        err = None
+        if iv["low"] is not None:
+            err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
+        ax.errorbar([i], [iv["mean"]], yerr=err, fmt="o", capsize=6, color="tab:blue", zorder=3)
+    ref = res["arms"][res["reference"]]
+    if ref["interval"]:
+        ax.axhline(ref["interval"]["mean"], ls="--", color="0.6", lw=1, label=f"{res['reference']} (reference)")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylabel(res["metric"])
+    ax.set_title(f"{res['name']}: mean and 95% CI over {len(res['seeds'])} seeds", fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -1,0 +1,388 @@
+"""Planning and running an experiment: every stage of every arm × seed (× grid point) is an ordinary run directory
+under OUT/runs/ARM/seedS/, run by the driver functions the CLI calls.
+
+In waves: the pretraining runs (one per distinct recipe and seed: arms that pretrain identically share it), then
+the finetuning runs, then — after a grid's point is selected per arm on the finetuning runs' validation metric —
+the evaluations (RUN/eval/TASK-SPLIT.json, as `ssmlm evaluate` writes them). A run whose summary.json (an
+evaluation whose JSON) exists is reused; an unfinished one resumes from its newest checkpoint (the driver's own
+rule). A run that fails is recorded with its error's first line (the full traceback under OUT/errors/), its
+dependants are not run, and its arm is reported as failed; the other arms go on.
+
+``jobs`` = 1 runs everything in this process (jax is imported once and the compiled steps of one seed serve the
+next); more start that many worker processes (spawned, each running the same driver functions), which pays only
+where one run does not already use every core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ssmlm.errors import Interrupted, UserError
+from ssmlm.experiment.spec import (
+    DEFAULT_RECIPE,
+    Experiment,
+    point_label,
+    point_overrides,
+    stage_overrides,
+)
+
+
+@dataclasses.dataclass
+class Job:
+    """One run: a training stage (recipe → run_dir) or an evaluation of run_dir."""
+
+    key: str
+    kind: str  # pretrain | finetune | evaluate
+    label: str
+    run_dir: Path
+    recipe: Any = None
+    init: str = "pretrained"
+    split: str = "validation"
+    batch_size: int = 32
+    deps: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Outcome:
+    ok: bool
+    result: dict | None = None  # a training run's summary, or an evaluation's result
+    seconds: float = 0.0
+    reused: bool = False
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class Plan:
+    pretrain: list[Job]
+    finetune: list[Job]
+    chains: dict[tuple[str, int, int], dict[str, str]]  # (arm, seed, point) -> stage -> job key
+
+
+def build_plan(exp: Experiment, out: Path) -> Plan:
+    """The training runs of every arm × seed × grid point (evaluations come after the selection)."""
+    from ssmlm.recipe import load_recipe
+
+    pre_by_recipe: dict[str, Job] = {}
+    pretrain, finetune, chains = [], [], {}
+    for arm, stages in exp.arms.items():
+        for seed in exp.seeds:
+            seed_dir = out / "runs" / arm / f"seed{seed}"
+            for pi, point in enumerate(exp.points()):
+                chain: dict[str, str] = {}
+                pre = None
+                if "pretrain" in stages:
+                    s = stages["pretrain"]
+                    sets = [*stage_overrides(s), *point_overrides(point, "pretrain"), f"train.seed={seed}"]
+                    pre = load_recipe(s.recipe or DEFAULT_RECIPE["pretrain"], sets)
+                if pre is not None and exp.runs_pretrain(arm):
+                    name = f"pretrain{_suffix(exp, 'pretrain', pi)}"
+                    job = pre_by_recipe.get(pre.to_yaml())  # the seed is in the recipe (train.seed)
+                    if job is None:
+                        label = f"pretrain {arm} seed {seed}{_at(point, 'pretrain')}"
+                        job = Job(f"{arm}/seed{seed}/{name}", "pretrain", label, seed_dir / name, pre)
+                        pre_by_recipe[pre.to_yaml()] = job
+                        pretrain.append(job)
+                    chain["pretrain"] = job.key
+                if "finetune" in exp.stages:
+                    name = f"finetune{_suffix(exp, 'finetune', pi)}"
+                    pre_dir = pre_by_recipe[pre.to_yaml()].run_dir if "pretrain" in chain else None
+                    job = _finetune_job(exp, arm, seed, point, pre, pre_dir)
+                    job.key, job.run_dir = f"{arm}/seed{seed}/{name}", seed_dir / name
+                    job.label = f"finetune {arm} seed {seed}{_at(point, 'finetune')}"
+                    job.deps = (chain["pretrain"],) if "pretrain" in chain else ()
+                    finetune.append(job)
+                    chain["finetune"] = job.key
+                chains[(arm, seed, pi)] = chain
+    return Plan(pretrain, finetune, chains)
+
+
+def _suffix(exp: Experiment, stage: str, pi: int) -> str:
+    return f"-g{pi}" if stage in exp.grid else ""
+
+
+def _at(point: dict, stage: str) -> str:
+    return f" [{point_label({stage: point[stage]})}]" if stage in point else ""
+
+
+def _finetune_job(exp: Experiment, arm: str, seed: int, point: dict, pre, pre_dir: Path | None) -> Job:
+    from ssmlm.recipe import load_recipe
+
+    s = exp.arms[arm]["finetune"]
+    sets = [*stage_overrides(s), *point_overrides(point, "finetune"), f"train.seed={seed}"]
+    r = load_recipe(s.recipe or DEFAULT_RECIPE["finetune"], sets)
+    init_from = s.ckpt or (str(pre_dir) if pre_dir is not None else None)
+    if s.init == "random" and not s.ckpt and pre is not None:
+        # the architecture and data (tokenizer) of the arm's pretrain section, which is not run; the dropout is
+        # the finetuning recipe's, as a pretrained start's would be
+        r = dataclasses.replace(r, model=dataclasses.replace(pre.model, dropout=r.model.dropout), data=pre.data)
+    r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=init_from))
+    return Job("", "finetune", "", Path(), r, init=s.init)
+
+
+def evaluate_jobs(exp: Experiment, plan: Plan, chosen: dict[str, int], done: dict[str, Job]) -> list[Job]:
+    """One evaluation per arm × seed, of its last training run at the arm's chosen grid point."""
+    out = []
+    for arm, pi in chosen.items():
+        ev = exp.arms[arm]["evaluate"]
+        for seed in exp.seeds:
+            chain = plan.chains[(arm, seed, pi)]
+            target = chain.get("finetune") or chain.get("pretrain")
+            key = f"{target}/evaluate-{ev.split}"
+            out.append(Job(key, "evaluate", f"evaluate {arm} seed {seed} ({ev.split})", done[target].run_dir,
+                           split=ev.split, batch_size=ev.batch_size, deps=(target,)))  # fmt: skip
+            chain["evaluate"] = key
+    return out
+
+
+# ----------------------------------------------------------------------------- running one job
+
+
+def execute(job: Job, verbose: bool = False) -> tuple[dict, bool]:
+    """Run (or reuse) one job in this process: (summary or evaluation result, reused?)."""
+    from ssmlm.progress import console
+
+    quiet, console.quiet = console.quiet, console.quiet or not verbose
+    try:
+        if job.kind == "evaluate":
+            return _evaluate(job)
+        path = job.run_dir / "summary.json"
+        if path.is_file():
+            return json.loads(path.read_text()), True
+        from ssmlm.analyze.plots import LossPlot
+        from ssmlm.train import drive
+
+        kw = {"init": job.init} if job.kind == "finetune" else {}
+        fn = drive.finetune if job.kind == "finetune" else drive.pretrain
+        return fn(job.recipe, job.run_dir, quiet=not verbose, hooks=[LossPlot(job.run_dir)], **kw), False
+    finally:
+        console.quiet = quiet
+
+
+def _evaluate(job: Job) -> tuple[dict, bool]:
+    from ssmlm.runs import atomic_write, open_run
+
+    run = open_run(job.run_dir)
+    path = run.dir / "eval" / f"{run.info.get('task') or run.kind}-{job.split}.json"
+    if path.is_file():
+        return json.loads(path.read_text()), True
+    from ssmlm.train.evaluate import evaluate
+
+    result = evaluate(run, None, split=job.split, batch_size=job.batch_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(result, indent=2))
+    return result, False
+
+
+def _timed(job: Job, verbose: bool) -> tuple[dict, bool, float]:
+    t0 = time.time()
+    result, reused = execute(job, verbose)
+    return result, reused, time.time() - t0
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    msg = text[0] if text else ""
+    return msg if isinstance(e, UserError) else f"{type(e).__name__}: {msg}".rstrip(": ")
+
+
+# ----------------------------------------------------------------------------- running the plan
+
+
+def fmt_time(s: float) -> str:
+    s = round(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class Runner:
+    """Runs jobs in waves, one line per start and finish (runs done / total, ETA from the finished runs)."""
+
+    def __init__(self, out: Path, total: Counter, jobs: int = 1, verbose: bool = False, echo=print):
+        self.out, self.jobs, self.verbose, self.echo = out, jobs, verbose, echo
+        self.pending = Counter(total)  # kind -> runs not finished yet (the evaluations included)
+        self.total = sum(total.values())
+        self.done: dict[str, Outcome] = {}
+        self.jobs_by_key: dict[str, Job] = {}
+        self.seconds: dict[str, list[float]] = {}  # kind -> durations of the runs that ran (not reused)
+        self.started = 0  # runs started (those not run for a failed dependency count as started)
+        self.t0 = time.time()
+
+    def run(self, jobs: list[Job]) -> None:
+        ready = []
+        for job in jobs:
+            self.jobs_by_key[job.key] = job
+            failed = next((d for d in job.deps if not self.done[d].ok), None)
+            if failed is None:
+                ready.append(job)
+                continue
+            self.started += 1
+            self._finish(job, Outcome(False, error=self.done[failed].error), f"not run: {failed} failed")
+        if self.jobs > 1 and len(ready) > 1:
+            self._pool(ready)
+        else:
+            for job in ready:
+                self._start(job)
+                self._finish(job, self._in_process(job))
+
+    def _in_process(self, job: Job) -> Outcome:
+        try:
+            result, reused, dt = _timed(job, self.verbose)
+            return Outcome(True, result, dt, reused)
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:  # recorded: the arm is reported as failed, the others go on
+            return self._failed(job, e, traceback.format_exc())
+
+    def _pool(self, ready: list[Job]) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = multiprocessing.get_context("spawn")  # jax is not fork-safe
+        with ProcessPoolExecutor(min(self.jobs, len(ready)), mp_context=ctx) as pool:
+            futures = {}
+            for job in ready:
+                self._start(job)
+                futures[pool.submit(_timed, job, self.verbose)] = job
+            try:
+                for f in as_completed(futures):
+                    job = futures[f]
+                    try:
+                        result, reused, dt = f.result()
+                        self._finish(job, Outcome(True, result, dt, reused))
+                    except Interrupted:
+                        raise
+                    except Exception as e:
+                        self._finish(job, self._failed(job, e, "".join(traceback.format_exception(e))))
+            except (Interrupted, KeyboardInterrupt):
+                pool.shutdown(wait=True, cancel_futures=True)  # workers write their checkpoints on Ctrl-C
+                raise
+
+    def _failed(self, job: Job, e: BaseException, trace: str) -> Outcome:
+        log = self.out / "errors" / (job.key.replace("/", "__") + ".txt")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(trace)
+        return Outcome(False, error=first_line(e))
+
+    def _start(self, job: Job) -> None:
+        self.started += 1
+        self.echo(f"[{self.started}/{self.total}] start {job.label}")
+
+    def _finish(self, job: Job, o: Outcome, how: str | None = None) -> None:
+        self.done[job.key] = o
+        self.pending[job.kind] -= 1
+        if o.ok and not o.reused:
+            self.seconds.setdefault(job.kind, []).append(o.seconds)
+        how = how or ("reused" if o.reused else fmt_time(o.seconds))
+        what = "done" if o.ok else "FAILED"
+        tail = "" if o.ok else f": {o.error}"
+        self.echo(f"[{len(self.done)}/{self.total}] {what} {job.label} ({how}){tail}{self.eta()}")
+
+    def eta(self) -> str:
+        """Remaining runs × the mean duration of their kind's finished runs (of any kind, where none yet)."""
+        left = sum(self.pending.values())
+        if not left:
+            return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
+        every = [s for v in self.seconds.values() for s in v]
+        if not every:
+            return f" · {left} to go"
+        mean = lambda k: sum(self.seconds.get(k) or every) / len(self.seconds.get(k) or every)  # noqa: E731
+        est = sum(n * mean(k) for k, n in self.pending.items() if n > 0) / max(1, self.jobs)
+        return f" · {left} to go, ETA {fmt_time(est)}"
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+
+def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = False, echo=print) -> dict:
+    """Run (or reuse) every run of ``exp`` under ``out``; the per-arm values and intervals (see report)."""
+    from ssmlm.experiment.report import summarize
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.yaml").write_text(exp.path.read_text(encoding="utf-8"), encoding="utf-8")
+    plan = build_plan(exp, out)
+    n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages else 0
+    total = Counter(pretrain=len(plan.pretrain), finetune=len(plan.finetune), evaluate=n_eval)
+    grid = f" × {len(exp.points())} grid points" if exp.grid else ""
+    echo(f"experiment {exp.name}: {len(exp.arms)} arms × {len(exp.seeds)} seeds{grid}, "
+         f"{sum(total.values())} runs under {out}")  # fmt: skip
+    runner = Runner(out, total, jobs, verbose, echo)
+    runner.run(plan.pretrain)
+    runner.run(plan.finetune)
+    chosen, grids = select(exp, plan, runner.done)
+    if "evaluate" in exp.stages:
+        runner.run(evaluate_jobs(exp, plan, chosen, runner.jobs_by_key))
+    arms = {arm: collect_arm(exp, plan, runner, arm, chosen[arm], grids.get(arm)) for arm in exp.arms}
+    return summarize(exp, arms, time.time() - runner.t0)
+
+
+def metric_value(exp: Experiment, result: dict, stage: str | None = None) -> float:
+    """The metric's field in a run's result: an evaluation's metrics, or a training run's final validation."""
+    stage = stage or exp.metric.stage
+    found = (result.get("metrics") if stage == "evaluate" else result.get("validation")) or {}
+    v = found.get(exp.metric.field)
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        where = "evaluation" if stage == "evaluate" else f"{stage} run's final validation"
+        raise UserError(f"metric {exp.metric}: the {where} has no '{exp.metric.field}' "
+                        f"(has {', '.join(found) or 'no metrics'})")  # fmt: skip
+    return float(v)
+
+
+def select(exp: Experiment, plan: Plan, done: dict[str, Outcome]) -> tuple[dict[str, int], dict[str, list]]:
+    """Per arm, the grid point whose finetuning runs' mean final validation metric (over seeds) is best; the
+    test split is never looked at here. Without a grid: the one point."""
+    if not exp.grid:
+        return dict.fromkeys(exp.arms, 0), {}
+    chosen, grids = {}, {}
+    for arm in exp.arms:
+        rows = []
+        for pi, point in enumerate(exp.points()):
+            row = {"point": point_label(point), "validation": {}, "mean": None, "error": None}
+            for seed in exp.seeds:
+                o = done[plan.chains[(arm, seed, pi)]["finetune"]]
+                try:
+                    if not o.ok:
+                        raise UserError(o.error)
+                    row["validation"][seed] = metric_value(exp, o.result, "finetune")
+                except UserError as e:
+                    row["error"] = f"seed {seed}: {e}"
+                    break
+            if row["error"] is None:
+                row["mean"] = sum(row["validation"].values()) / len(row["validation"])
+            rows.append(row)
+        complete = [i for i, r in enumerate(rows) if r["mean"] is not None]
+        sign = 1 if exp.metric.goal == "max" else -1
+        chosen[arm] = max(complete, key=lambda i: sign * rows[i]["mean"]) if complete else 0
+        for i, r in enumerate(rows):
+            r["selected"] = bool(complete) and i == chosen[arm]
+        grids[arm] = rows
+    return chosen, grids
+
+
+def collect_arm(exp: Experiment, plan: Plan, runner: Runner, arm: str, pi: int, grid: list | None) -> dict:
+    """An arm's metric per seed at its chosen point, its runs, and the first error of a failed one."""
+    values, errors, runs = {}, [], {}
+    for seed in exp.seeds:
+        chain = plan.chains[(arm, seed, pi)]
+        runs[seed] = {stage: str(runner.jobs_by_key[key].run_dir) for stage, key in chain.items()}
+        bad = next((key for key in chain.values() if not runner.done[key].ok), None)
+        if bad is not None:
+            errors.append(f"{bad}: {runner.done[bad].error}")
+            continue
+        if exp.metric.stage not in chain:
+            errors.append(f"{arm} has no {exp.metric.stage} run (its finetuning starts from init or ckpt)")
+            continue
+        try:
+            values[seed] = metric_value(exp, runner.done[chain[exp.metric.stage]].result)
+        except UserError as e:
+            errors.append(f"seed {seed}: {e}")
+    out = {"status": "failed" if errors else "ok", "error": errors[0] if errors else None, "values": values,
+           "runs": runs}  # fmt: skip
+    if grid is not None:
+        out["selected"] = point_label(exp.points()[pi])
+        out["grid"] = grid
+    return out

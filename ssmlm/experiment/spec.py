@@ -1,0 +1,304 @@
+"""The experiment file (YAML) and its checks. Everything here is checked before jax is imported: every arm's
+recipes are loaded with their overrides (and every grid point's), so a mistake is reported at once, in one line
+that names the file and the field, e.g. ``smoke.yaml: arms.random.finetune.init = 'rand': expected pretrained or
+random``.
+
+    seeds: [0, 1]                      # one run per seed per stage (train.seed); arms are paired by seed
+    stages: [pretrain, finetune]       # in this order, from pretrain or finetune: pretrain, finetune, evaluate
+    metric: finetune:accuracy          # STAGE:FIELD (pretrain/finetune: final validation; evaluate: its metrics)
+    goal: max                          # optional: max or min (default: min for *loss*/perplexity, else max)
+    reference: random                  # the arm the others are compared with, paired by seed
+    arms:
+      pretrained:
+        pretrain: {recipe: default, set: [train.steps=40]}
+        finetune: {task: builtin-order, set: [train.steps=30]}
+      random:
+        pretrain: {recipe: default, set: [train.steps=40]}   # not run: the architecture and tokenizer only
+        finetune: {task: builtin-order, init: random, set: [train.steps=30]}
+    grid:                              # optional: selected per arm on validation, reported on a test split
+      finetune: {train.learning_rate: [1.0e-4, 5.0e-4]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from ssmlm.errors import UserError
+
+STAGES = ("pretrain", "finetune", "evaluate")
+DEFAULT_RECIPE = {"pretrain": "default", "finetune": "finetune_default"}
+STAGE_KEYS = {
+    "pretrain": {"recipe", "set"},
+    "finetune": {"recipe", "set", "task", "init", "ckpt"},
+    "evaluate": {"split", "batch_size"},
+}
+TOP_KEYS = {"description", "seeds", "stages", "metric", "goal", "reference", "arms", "grid"}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+LOWER_IS_BETTER = ("loss", "perplexity", "error")
+
+
+class ExperimentError(UserError):
+    """A mistake in an experiment file: one line naming the file and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage of an arm: a recipe and its --set overrides (finetune: task, init, ckpt; evaluate: split)."""
+
+    recipe: str | None = None
+    set: tuple[str, ...] = ()
+    task: str | None = None
+    init: str = "pretrained"
+    ckpt: str | None = None
+    split: str = "validation"
+    batch_size: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    stage: str
+    field: str
+    goal: str  # max | min
+
+    def __str__(self) -> str:
+        return f"{self.stage}:{self.field}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    path: Path
+    seeds: tuple[int, ...]
+    stages: tuple[str, ...]
+    metric: Metric
+    reference: str
+    arms: dict[str, dict[str, Stage]]  # arm -> stage name -> Stage (a stage not in `stages` may give architecture)
+    grid: dict[str, dict[str, list]]  # stage -> dotted key -> values
+    description: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def points(self) -> list[dict[str, dict]]:
+        """Every grid point: stage -> {dotted key: value} (one empty point without a grid)."""
+        axes = [(stage, key, values) for stage, keys in self.grid.items() for key, values in keys.items()]
+        out = []
+        for combo in itertools.product(*(values for _, _, values in axes)):
+            point: dict[str, dict] = {}
+            for (stage, key, _), value in zip(axes, combo, strict=True):
+                point.setdefault(stage, {})[key] = value
+            out.append(point)
+        return out
+
+    def runs_pretrain(self, arm: str) -> bool:
+        """Whether the arm's pretrain stage is run (not when its finetune starts from random init or a --ckpt)."""
+        ft = self.arms[arm].get("finetune")
+        starts_elsewhere = "finetune" in self.stages and ft is not None and (ft.init == "random" or ft.ckpt)
+        return "pretrain" in self.stages and not starts_elsewhere
+
+
+def point_overrides(point: dict[str, dict], stage: str) -> list[str]:
+    """A grid point's --set overrides for one stage."""
+    return [f"{k}={json.dumps(v)}" for k, v in point.get(stage, {}).items()]
+
+
+def point_label(point: dict[str, dict]) -> str:
+    return ", ".join(f"{k}={v}" for keys in point.values() for k, v in keys.items())
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and check an experiment file (recipes included); ExperimentError names the file and the field."""
+    p = Path(path).expanduser()
+    where = str(path)
+    if not p.is_file():
+        raise ExperimentError(f"{where}: no such experiment file")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ExperimentError(f"{where}{line}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except UnicodeDecodeError:
+        raise ExperimentError(f"{where}: not a UTF-8 text file") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ExperimentError(f"{where}: expected a mapping with arms, seeds, stages, metric and reference")
+    fail = lambda field, msg: ExperimentError(f"{where}: {field}: {msg}")  # noqa: E731
+    _unknown(raw, TOP_KEYS, "", fail)
+    for key in ("arms", "seeds", "stages", "metric", "reference"):
+        if key not in raw:
+            raise fail(key, "missing")
+    seeds = _seeds(raw["seeds"], fail)
+    stages = _stages(raw["stages"], fail)
+    arms = {name: _arm(name, body, stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
+    metric = _metric(raw["metric"], raw.get("goal"), stages, fail)
+    reference = raw["reference"]
+    if reference not in arms:
+        raise fail("reference", f"{reference!r} is not an arm (arms: {', '.join(arms)})")
+    grid = _grid(raw.get("grid"), stages, fail)
+    exp = Experiment(p, seeds, stages, metric, reference, arms, grid, str(raw.get("description") or ""))
+    check_recipes(exp, fail)
+    return exp
+
+
+def _unknown(d: dict, allowed: set[str], prefix: str, fail) -> None:
+    extra = [k for k in d if k not in allowed]
+    if extra:
+        raise fail(f"{prefix}{extra[0]}", f"unknown key; expected one of {', '.join(sorted(allowed))}")
+
+
+def _mapping(v, field: str, fail) -> dict:
+    if not isinstance(v, dict) or not v:
+        raise fail(field, f"expected a non-empty mapping, got {v!r}")
+    return v
+
+
+def _seeds(v, fail) -> tuple[int, ...]:
+    ok = isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v)
+    if not ok:
+        raise fail("seeds", f"{v!r}: expected a non-empty list of non-negative integers, e.g. [0, 1, 2]")
+    if len(set(v)) != len(v):
+        raise fail("seeds", f"{v!r}: expected distinct seeds (each gets its own runs)")
+    return tuple(v)
+
+
+def _stages(v, fail) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise fail("stages", f"{v!r}: expected a list, e.g. [pretrain, finetune, evaluate]")
+    unknown = [s for s in v if s not in STAGES]
+    if unknown:
+        raise fail("stages", f"unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}")
+    ok = [list(STAGES[i:j]) for i in (0, 1) for j in range(i + 1, len(STAGES) + 1)]
+    if v not in ok:
+        raise fail("stages", f"{v!r}: expected consecutive stages in the order {' → '.join(STAGES)}, "
+                             "from pretrain or finetune")  # fmt: skip
+    return tuple(v)
+
+
+def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise fail(f"arms.{name}", "an arm's name is a directory name: letters, digits, '.', '_', '-'")
+    body = _mapping(body, f"arms.{name}", fail)
+    _unknown(body, set(STAGES), f"arms.{name}.", fail)
+    out = {}
+    for stage, section in body.items():
+        field = f"arms.{name}.{stage}"
+        section = {} if section is None else section
+        if not isinstance(section, dict):
+            raise fail(field, f"expected a mapping (recipe, set, ...), got {section!r}")
+        _unknown(section, STAGE_KEYS[stage], f"{field}.", fail)
+        sets = section.get("set", [])
+        sets = [sets] if isinstance(sets, str) else sets
+        if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
+            raise fail(f"{field}.set", f"{sets!r}: expected a list of KEY=VALUE overrides, e.g. [train.steps=20]")
+        kw = {k: v for k, v in section.items() if k != "set"}
+        for k in ("recipe", "task", "ckpt", "split"):
+            if k in kw and not (isinstance(kw[k], str) and kw[k]):
+                raise fail(f"{field}.{k}", f"{kw[k]!r}: expected a non-empty string")
+        if kw.get("init", "pretrained") not in ("pretrained", "random"):
+            raise fail(f"{field}.init", f"{kw['init']!r}: expected pretrained or random")
+        bs = kw.get("batch_size", 32)
+        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+            raise fail(f"{field}.batch_size", f"{bs!r}: expected a positive integer")
+        if kw.get("ckpt") and not (Path(kw["ckpt"]).expanduser() / "run.json").is_file():
+            raise fail(f"{field}.ckpt", f"{kw['ckpt']!r}: not an ssmlm run directory (expected run.json)")
+        out[stage] = Stage(set=tuple(sets), **kw)
+    if "evaluate" in stages:
+        out.setdefault("evaluate", Stage())
+    for stage in stages:
+        if stage not in out and not (stage == "pretrain" and _starts_elsewhere(out)):
+            raise fail(f"arms.{name}", f"has no {stage} section (stages: {', '.join(stages)})")
+    if "pretrain" not in stages and "finetune" in stages and not _starts_elsewhere(out):
+        raise fail(f"arms.{name}.finetune", "stages start at finetune: give ckpt: RUN_DIR or init: random")
+    for stage in out:
+        if stage not in stages and stage != "pretrain":
+            raise fail(f"arms.{name}.{stage}", f"given, but {stage} is not in stages ({', '.join(stages)})")
+    return out
+
+
+def _starts_elsewhere(arm: dict[str, Stage]) -> bool:
+    ft = arm.get("finetune")
+    return ft is not None and (ft.init == "random" or bool(ft.ckpt))
+
+
+def _metric(v, goal, stages, fail) -> Metric:
+    if not isinstance(v, str) or v.count(":") != 1 or not all(v.split(":")):
+        raise fail("metric", f"{v!r}: expected STAGE:FIELD, e.g. finetune:accuracy or evaluate:accuracy")
+    stage, field = v.split(":")
+    if stage not in stages:
+        raise fail("metric", f"{v!r}: stage {stage!r} is not in stages ({', '.join(stages)})")
+    if goal is None:
+        goal = "min" if any(w in field.lower() for w in LOWER_IS_BETTER) else "max"
+    if goal not in ("max", "min"):
+        raise fail("goal", f"{goal!r}: expected max or min")
+    return Metric(stage, field, goal)
+
+
+def _grid(v, stages, fail) -> dict[str, dict[str, list]]:
+    if v is None:
+        return {}
+    grid = _mapping(v, "grid", fail)
+    out = {}
+    for stage, keys in grid.items():
+        if stage not in ("pretrain", "finetune") or stage not in stages:
+            raise fail(f"grid.{stage}", f"expected a training stage of this experiment ({', '.join(stages)})")
+        keys = _mapping(keys, f"grid.{stage}", fail)
+        for key, values in keys.items():
+            if not isinstance(values, list) or not values:
+                raise fail(f"grid.{stage}.{key}", f"{values!r}: expected a non-empty list of values")
+        out[stage] = dict(keys)
+    return out
+
+
+def check_recipes(exp: Experiment, fail) -> None:
+    """Load every recipe an arm runs, at every grid point (instant: no data is read); the grid's rules."""
+    from ssmlm.recipe import load_recipe
+
+    for arm, stages in exp.arms.items():
+        for point in exp.points():
+            for stage in ("pretrain", "finetune"):
+                if stage not in stages:
+                    continue
+                s = stages[stage]
+                sets = [*stage_overrides(s), *point_overrides(point, stage), f"train.seed={exp.seeds[0]}"]
+                try:
+                    r = load_recipe(s.recipe or DEFAULT_RECIPE[stage], sets)
+                except UserError as e:
+                    raise fail(f"arms.{arm}.{stage}", str(e)) from None
+                if stage == "finetune":
+                    _check_task(r, exp, f"arms.{arm}.finetune", fail)
+
+
+def stage_overrides(s: Stage) -> list[str]:
+    return [*s.set, *([f"task.name={json.dumps(s.task)}"] if s.task else [])]
+
+
+def _check_task(r, exp: Experiment, field: str, fail) -> None:
+    if not (r.task.name or r.task.train_file):
+        raise fail(field, "no task: give task: NAME (e.g. builtin-order) or set task.train_file=...")
+    if r.task.name:  # a local task's name is known too (its files' stem names it otherwise)
+        from ssmlm.data.tasks import get_task
+
+        try:
+            get_task(r.task.name)
+        except UserError as e:
+            raise fail(f"{field}.task", str(e)) from None
+    if not exp.grid:
+        return
+    if exp.metric.stage != "evaluate" or "evaluate" not in exp.stages:
+        raise fail("grid", "the best point is selected on validation, so the reported metric must come from a "
+                           "separate test split: stages ending in evaluate, metric evaluate:FIELD")  # fmt: skip
+    arm = field.split(".")[1]
+    split = exp.arms[arm]["evaluate"].split
+    if split.startswith("validation"):
+        raise fail(f"arms.{arm}.evaluate.split", f"{split!r}: a grid is selected on validation; report it on a "
+                                                 "test split (split: test)")  # fmt: skip
+    if split == "test" and not (r.task.test_file or r.task.data_dir):
+        raise fail(field, "a grid needs a test split to report on: set task.test_file=FILE (with labels)")

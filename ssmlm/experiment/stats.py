@@ -1,0 +1,61 @@
+"""Intervals over seeds: a Student t interval for the mean (n < 5), a percentile bootstrap (n >= 5), and the
+paired difference to a reference arm (paired by seed) with its t interval. The t quantile is scipy's (a
+dependency of ssmlm already: ssmlm.evaluate.metrics)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+LEVEL = 0.95
+BOOTSTRAP_FROM = 5  # seeds; fewer: the t interval (a bootstrap of 2-4 values has almost no distinct resamples)
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    n: int
+    mean: float
+    low: float | None  # None: no interval (one value)
+    high: float | None
+    method: str  # "t", "bootstrap" or "" (n = 1)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def t_interval(values, level: float = LEVEL) -> Interval:
+    """mean ± t_{(1+level)/2, n-1} · s / √n (s with n - 1 degrees of freedom)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    n, mean = len(x), float(x.mean())
+    if n < 2:
+        return Interval(n, mean, None, None, "")
+    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
+    return Interval(n, mean, mean - half, mean + half, "t")
+
+
+def bootstrap_interval(values, level: float = LEVEL, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Interval:
+    """The percentile bootstrap of the mean: the (1-level)/2 and (1+level)/2 quantiles of ``resamples`` means of
+    n values drawn with replacement (a fixed generator: the same values give the same interval)."""
+    x = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(len(x), float(x.mean()), float(lo), float(hi), "bootstrap")
+
+
+def mean_interval(values, level: float = LEVEL) -> Interval:
+    """The arm's interval: percentile bootstrap from BOOTSTRAP_FROM values, else Student t."""
+    return bootstrap_interval(values, level) if len(values) >= BOOTSTRAP_FROM else t_interval(values, level)
+
+
+def paired_difference(values: dict, reference: dict, level: float = LEVEL) -> Interval | None:
+    """arm − reference over the seeds both have (seed -> value), with the t interval of the differences."""
+    seeds = [s for s in values if s in reference]
+    if not seeds:
+        return None
+    return t_interval([values[s] - reference[s] for s in seeds], level)

@@ -1,0 +1,283 @@
+"""`ssmlm experiment FILE.yaml`: the file's one-line errors, resumption, a failed arm, grid selection on validation
+with the report on test, the interval arithmetic (against scipy.stats) and `finetune --init random`."""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import english_lines, tiny_recipe
+from scipy import stats
+from typer.testing import CliRunner
+
+from ssmlm.cli import app
+from ssmlm.experiment import stats as xstats
+from ssmlm.experiment.spec import ExperimentError, load_experiment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def order_rows(n: int, seed: int) -> list[dict]:
+    """Half original sentences (label 1), half word-shuffled (label 0)."""
+    rng = random.Random(seed)
+    rows = []
+    for i, s in enumerate(english_lines(n, seed=seed)):
+        words, label = s.split(), i % 2
+        if label == 0:
+            while words == s.split():
+                rng.shuffle(words)
+        rows.append({"sentence": " ".join(words), "label": label})
+    return rows
+
+
+@pytest.fixture
+def setup(tmp_path, corpus_file):
+    """A tiny pretraining recipe and a tiny local order task with train / validation / test files."""
+    recipe = tiny_recipe(tmp_path / "tiny.yaml", corpus_file, train={"steps": 3})
+    files = {}
+    for split, seed in (("train", 1), ("validation", 2), ("test", 3)):
+        files[split] = tmp_path / f"order-{split}.jsonl"
+        files[split].write_text("".join(json.dumps(r) + "\n" for r in order_rows(48, seed)))
+    finetune_set = [
+        f"task.train_file={files['train']}", f"task.validation_file={files['validation']}",
+        f"task.test_file={files['test']}", "task.text_fields=[sentence]", "task.label_field=label",
+        "train.epochs=null", "train.steps=2", "train.batch_size=8", "train.log_every=1", "train.checkpoint_every=0",
+    ]  # fmt: skip
+    return {"recipe": str(recipe), "finetune_set": finetune_set, "tmp": tmp_path}
+
+
+def write_experiment(setup, name="exp", **changes) -> Path:
+    body = {
+        "seeds": [0, 1],
+        "stages": ["pretrain", "finetune"],
+        "metric": "finetune:accuracy",
+        "reference": "random",
+        "arms": {
+            "pretrained": {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"set": setup["finetune_set"]}},
+            "random": {
+                "pretrain": {"recipe": setup["recipe"]},
+                "finetune": {"set": setup["finetune_set"], "init": "random"},
+            },
+        },  # fmt: skip
+        **changes,
+    }
+    path = setup["tmp"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def invoke(path: Path, out: Path, *extra: str):
+    return CliRunner().invoke(app, ["experiment", str(path), "--out", str(out), *extra])
+
+
+# ----------------------------------------------------------------------------- the file's errors
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"seeds": []}, "seeds: []: expected a non-empty list"),
+        ({"seeds": [1, 1]}, "expected distinct seeds"),
+        ({"stages": ["finetune", "pretrain"]}, "stages: ['finetune', 'pretrain']: expected consecutive stages"),
+        ({"stages": ["pretrain", "train"]}, "stages: unknown stage 'train'"),
+        ({"metric": "accuracy"}, "metric: 'accuracy': expected STAGE:FIELD"),
+        ({"metric": "evaluate:accuracy"}, "stage 'evaluate' is not in stages"),
+        ({"reference": "nope"}, "reference: 'nope' is not an arm (arms: pretrained, random)"),
+        ({"goal": "up"}, "goal: 'up': expected max or min"),
+        ({"colour": 1}, "colour: unknown key"),
+        ({"grid": {"finetune": {"train.learning_rate": [1e-3, 1e-4]}}}, "grid: the best point is selected on "),
+    ],
+)
+def test_spec_errors_are_one_line_naming_file_and_field(setup, change, expected):
+    path = write_experiment(setup, **change)
+    with pytest.raises(ExperimentError) as e:
+        load_experiment(path)
+    msg = str(e.value)
+    assert msg.startswith(str(path) + ": ") and expected in msg and "\n" not in msg, msg
+
+
+def test_spec_errors_in_arms_and_recipes(setup):
+    exp = yaml.safe_load(write_experiment(setup).read_text())
+    cases = [
+        (("random", "finetune", "init"), "rand", "arms.random.finetune.init: 'rand': expected pretrained or random"),
+        (("random", "finetune", "lr"), 1, "arms.random.finetune.lr: unknown key"),
+        (("random", "finetune", "set"), ["train.batch_size=0"], "arms.random.finetune: --set: 'train.batch_size'"),
+        (("pretrained", "finetune", "task"), "no-such-task", "arms.pretrained.finetune.task: unknown task"),
+    ]
+    for (arm, stage, key), value, expected in cases:
+        body = json.loads(json.dumps(exp))
+        body["arms"][arm][stage][key] = value
+        path = setup["tmp"] / "bad.yaml"
+        path.write_text(yaml.safe_dump(body))
+        with pytest.raises(ExperimentError, match=None) as e:
+            load_experiment(path)
+        assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+    # through the CLI: one line, exit 2, nothing written
+    body = json.loads(json.dumps(exp))
+    body["arms"]["pretrained"].pop("pretrain")
+    path = setup["tmp"] / "bad.yaml"
+    path.write_text(yaml.safe_dump(body))
+    r = invoke(path, setup["tmp"] / "out")
+    assert r.exit_code == 2 and r.output.strip().count("\n") == 0, r.output
+    assert "arms.pretrained: has no pretrain section" in r.output and not (setup["tmp"] / "out").exists()
+
+
+def test_a_grid_without_a_test_split_is_refused(setup):
+    no_test = [s for s in setup["finetune_set"] if not s.startswith("task.test_file")]
+    arms = {a: {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"set": no_test}, "evaluate": {"split": "test"}}
+            for a in ("pretrained", "random")}  # fmt: skip
+    path = write_experiment(setup, stages=["pretrain", "finetune", "evaluate"], metric="evaluate:accuracy",
+                            arms=arms, grid={"finetune": {"train.learning_rate": [1e-3, 1e-4]}})  # fmt: skip
+    with pytest.raises(ExperimentError, match="a grid needs a test split to report on: set task.test_file"):
+        load_experiment(path)
+    for a in arms.values():
+        a["finetune"]["set"] = setup["finetune_set"]
+    arms["random"]["evaluate"]["split"] = "validation"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "arms": arms}))
+    with pytest.raises(ExperimentError, match="arms.random.evaluate.split: 'validation': a grid is selected on"):
+        load_experiment(path)
+
+
+# ----------------------------------------------------------------------------- the intervals
+
+
+@pytest.mark.parametrize("values", [[0.61, 0.64], [0.5, 0.52, 0.58, 0.49], [1.0, 2.0, 4.0, 8.0, 16.0, 3.0]])
+def test_t_interval_matches_scipy(values):
+    iv = xstats.t_interval(values)
+    lo, hi = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+    assert iv.method == "t" and iv.n == len(values)
+    assert iv.mean == pytest.approx(np.mean(values)) and (iv.low, iv.high) == pytest.approx((lo, hi), rel=1e-12)
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    assert (iv.low, iv.high) == pytest.approx((ci.low, ci.high), rel=1e-12)
+    assert xstats.t_interval([0.7]).low is None  # one seed: no interval
+
+
+def test_paired_difference_matches_scipy_ttest_rel():
+    arm = {0: 0.71, 1: 0.66, 2: 0.74, 3: 0.69}
+    ref = {3: 0.60, 0: 0.65, 1: 0.61, 2: 0.70, 9: 0.1}  # seed 9 has no partner: left out
+    d = xstats.paired_difference(arm, ref)
+    a, b = [arm[s] for s in range(4)], [ref[s] for s in range(4)]
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert d.n == 4 and d.mean == pytest.approx(np.mean(np.subtract(a, b)))
+    assert (d.low, d.high) == pytest.approx((ci.low, ci.high), rel=1e-12)
+
+
+def test_bootstrap_from_five_seeds_matches_scipy_percentile_bootstrap():
+    values = [0.61, 0.64, 0.58, 0.70, 0.66, 0.59]
+    iv = xstats.mean_interval(values)
+    assert iv.method == "bootstrap" and xstats.mean_interval(values[:4]).method == "t"
+    ref = stats.bootstrap((values,), np.mean, confidence_level=0.95, n_resamples=20_000, method="percentile",
+                          random_state=1).confidence_interval  # fmt: skip
+    assert iv.low == pytest.approx(ref.low, abs=0.006) and iv.high == pytest.approx(ref.high, abs=0.006)
+    assert iv == xstats.mean_interval(values)  # a fixed generator: the same values give the same interval
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def test_experiment_runs_and_second_invocation_reuses_every_run(setup):
+    path = write_experiment(setup)
+    out = setup["tmp"] / "out"
+    r = invoke(path, out)
+    assert r.exit_code == 0, r.output
+    assert "[6/6] done" in r.output and "ETA" in r.output
+    res = json.loads((out / "results.json").read_text())
+    for arm in ("pretrained", "random"):
+        a = res["arms"][arm]
+        assert a["status"] == "ok" and len(a["values"]) == 2 and a["interval"]["method"] == "t"
+    assert res["arms"]["pretrained"]["difference"]["n"] == 2 and res["arms"]["random"]["difference"] is None
+    for f in ("results.md", "results.csv", "results.png"):
+        assert (out / f).is_file()
+    assert "| pretrained | 2 |" in r.output and "Δ vs random (paired)" in r.output
+    # the random arm did not pretrain; its manifest says init: random
+    info = json.loads((out / "runs/random/seed0/finetune/run.json").read_text())
+    assert info["init"] == "random" and info["source"] is None
+    assert not (out / "runs/random/seed0/pretrain").exists()
+    summaries = sorted(out.glob("runs/*/seed*/*/summary.json"))
+    assert len(summaries) == 6
+    before = {p: p.stat().st_mtime_ns for p in summaries}
+    r2 = invoke(path, out)
+    assert r2.exit_code == 0, r2.output
+    assert r2.output.count("(reused)") == 6
+    assert {p: p.stat().st_mtime_ns for p in summaries} == before
+    assert (
+        json.loads((out / "results.json").read_text())["arms"]["pretrained"]["values"]
+        == res["arms"]["pretrained"]["values"]
+    )
+
+
+def test_a_failing_arm_is_reported_failed_and_the_others_still_run(setup):
+    broken = [*setup["finetune_set"], "task.text_fields=[no_such_column]"]
+    path = write_experiment(setup, seeds=[0])
+    body = yaml.safe_load(path.read_text())
+    body["arms"]["broken"] = {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"set": broken}}
+    path.write_text(yaml.safe_dump(body))
+    out = setup["tmp"] / "out"
+    r = invoke(path, out)
+    assert r.exit_code == 1, r.output
+    res = json.loads((out / "results.json").read_text())
+    b = res["arms"]["broken"]
+    assert b["status"] == "failed" and "no_such_column" in b["error"] and b["interval"] is None
+    assert res["arms"]["pretrained"]["status"] == res["arms"]["random"]["status"] == "ok"
+    assert "FAILED finetune broken seed 0" in r.output and "| broken | – | failed |" in r.output
+    assert "- broken failed: " in (out / "results.md").read_text()
+    assert list((out / "errors").glob("*.txt"))  # the traceback is kept
+
+
+def test_grid_is_selected_on_validation_and_reported_on_test(setup):
+    arms = {a: {"pretrain": {"recipe": setup["recipe"]},
+                "finetune": {"set": setup["finetune_set"], **({"init": "random"} if a == "random" else {})},
+                "evaluate": {"split": "test"}} for a in ("pretrained", "random")}  # fmt: skip
+    grid = {"finetune": {"train.learning_rate": [1e-5, 3e-3]}}
+    path = write_experiment(setup, stages=["pretrain", "finetune", "evaluate"], metric="evaluate:accuracy",
+                            arms=arms, grid=grid, seeds=[0])  # fmt: skip
+    out = setup["tmp"] / "out"
+    r = invoke(path, out)
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    for arm, a in res["arms"].items():
+        runs = {i: out / f"runs/{arm}/seed0/finetune-g{i}" for i in range(2)}
+        val = {i: json.loads((runs[i] / "summary.json").read_text())["validation"]["accuracy"] for i in runs}
+        best = max(val, key=lambda i: (val[i], -i))  # the earliest point wins a tie
+        assert [row["selected"] for row in a["grid"]] == [i == best for i in range(2)]
+        assert a["selected"] == f"train.learning_rate={grid['finetune']['train.learning_rate'][best]}"
+        # the reported number is the selected run's test evaluation, and only that run was evaluated
+        test = json.loads((runs[best] / "eval" / "order-train-test.json").read_text())
+        assert test["split"] == "test" and a["values"] == {"0": test["metrics"]["accuracy"]}
+        assert not (runs[1 - best] / "eval").exists()
+
+
+def test_finetune_init_random_records_it_and_starts_from_a_fresh_model(setup):
+    """`ssmlm finetune --init random`: the architecture of --recipe's model, the weights a fresh model of the
+    seed (frozen here by a rule with lr multiplier 0, so the saved weights are the initial ones)."""
+    from flax import nnx
+
+    from ssmlm.objectives.tasks import HEADS
+    from ssmlm.runs import open_run
+
+    freeze = 'train.param_rules=[{pattern: ".*", lr_multiplier: 0}]'
+    args = ["finetune", "--init", "random", "--recipe", setup["recipe"], "--name", "rand", "-q"]
+    sets = [x for s in [*setup["finetune_set"], "train.seed=7", freeze] for x in ("--set", s)]
+    r = CliRunner().invoke(app, [*args, *sets])
+    assert r.exit_code == 0, r.output
+    run = open_run(setup["tmp"] / "runs" / "rand")
+    assert run.info["init"] == "random" and run.info["source"] is None and run.recipe.train.seed == 7
+    saved, _ = run.load_model()
+    fresh = HEADS["classify"].build(run.recipe.model, 2, 7)
+    a, b = (dict(nnx.to_flat_state(nnx.state(m, nnx.Param))) for m in (saved, fresh))
+    assert a.keys() == b.keys()
+    assert all(np.array_equal(np.asarray(a[k].get_value()), np.asarray(b[k].get_value())) for k in a)
+    # lr 0 stays refused
+    r = CliRunner().invoke(app, [*args, *sets, "--set", "train.learning_rate=0"])
+    assert r.exit_code == 2 and "train.learning_rate" in r.output
+
+
+@pytest.mark.slow
+def test_the_shipped_smoke_experiment(tmp_path):
+    """experiments/smoke.yaml as a user runs it (about 3 minutes on 2 cores): both arms finish."""
+    r = invoke(ROOT / "experiments" / "smoke.yaml", tmp_path / "smoke")
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "smoke" / "results.json").read_text())
+    assert all(a["status"] == "ok" and len(a["values"]) == 2 for a in res["arms"].values())
