@@ -9,11 +9,20 @@ on a shared machine). Rows:
   depth sweep     bigs / bert / gmlp at d=128 and 2, 8, 32 layers: does the time grow with depth?
   gmlp 144        the 144-block gMLP of "Pay Attention to MLPs" Table 4 (recipes/gmlp_depth144.yaml)
   bigs_full       recipes/bigs_full.yaml at paper size (23 layers, d=1024)
-  peer            HuggingFace FlaxBertForMaskedLM vs ssmlm's bert at the same size (skipped with a
+  peer            HuggingFace FlaxBertForMaskedLM vs ssmlm's bert at BERT-base size (skipped with a
                   message when transformers is not importable; it is no dependency of ssmlm)
+  peers           ssmlm against each peer at the sizes benchmarks/throughput.py and lm_throughput.py time:
+                  BiGS vs the official BiGS code and BERT vs HF FlaxBertForMaskedLM (d 256, 4 layers, 4,096
+                  tokens a step; the same steps as throughput.py's, built by its functions), and every
+                  language-model family vs the segment-aware Transformer (lm_throughput.py's d 256, L 2,048,
+                  batch 2). Compiles interleaved (paired.compare_fresh: a fresh jit each round, rotating order,
+                  --rounds rounds x 2 passes); the ratio is peer / ssmlm (above 1: ssmlm compiles faster).
+  auto            what sets model.scan_layers: auto (models/config.SCAN_LAYERS_FROM): by depth, the compile
+                  time of both layouts (interleaved) and the training step time of both (interleaved).
 
-    python benchmarks/compile.py                        # everything
-    python benchmarks/compile.py --only sweep           # sweep | paper | peer (comma-separated)
+    python benchmarks/compile.py                        # sweep, paper, peer
+    python benchmarks/compile.py --only sweep           # sweep | paper | peer | peers | auto (comma-separated)
+    /tmp/peervenv/bin/python benchmarks/compile.py --only peers     # with the official BiGS and transformers
     python benchmarks/compile.py --depths 2,8,32,64 --batch 8 --length 128
 """
 
@@ -22,7 +31,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
+import sys
 import time
+import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +47,11 @@ from ssmlm.objectives.losses import token_prediction_loss
 from ssmlm.recipe import ModelConfig, TrainConfig, load_recipe
 from ssmlm.train.loop import make_train_step
 from ssmlm.train.optim import make_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lm_throughput  # noqa: E402
+import throughput  # noqa: E402
+from paired import compare, compare_fresh, machine_line, ratio_cell  # noqa: E402
 
 VOCAB = 30522
 STEP = jax.ShapeDtypeStruct((), jnp.int32)
@@ -129,6 +146,93 @@ def small(arch: str, layers: int, d: int, length: int) -> ModelConfig:
                        intermediate_size=width, **heads)  # fmt: skip
 
 
+def lower_compile(side) -> None:
+    """Trace, lower and compile a throughput.Side's step (its jit is fresh: nothing cached)."""
+    side.step_fn.lower(side.params, side.opt_state, side.batch, 1).compile()
+
+
+def ssmlm_compile(cfg: ModelConfig, data):
+    """A compare_fresh maker: build ssmlm's step for ``cfg`` (untimed), return its compile."""
+
+    def build():
+        side = throughput.ssmlm_side(cfg, data)
+        return lambda: lower_compile(side)
+
+    return build
+
+
+def compile_table(title: str, makers: dict, reference: str, rounds: int) -> None:
+    """Interleaved compile times of ``makers`` (name -> () -> one compile), the ratio against ``reference``."""
+    res = compare_fresh(makers, reference, rounds=rounds)
+    print(f"{title}\n| side | compile s, median (pass 1 · 2) | {reference} / side, paired median (range) |\n"
+          "|---|---:|---|")  # fmt: skip
+    for name, r in res.items():
+        secs = " · ".join(f"{m:.1f}" for m in r["median_s"])
+        print(f"| {name} | {secs} | {'' if name == reference else ratio_cell(r)} |", flush=True)
+
+
+def encoder_peers(a) -> None:
+    t = argparse.Namespace(hidden=256, layers=4, vocab=VOCAB)
+    bigs, bert = throughput.import_official_bigs(None), throughput.import_hf_bert()
+    for part, peer, lengths in (("bigs", bigs, (128, 4096)), ("bert", bert, (128, 512))):
+        if peer is None:
+            continue
+        config_cls, model_cls = peer
+        for length in lengths:
+            data = throughput.Data.make(max(1, 4096 // length), length, VOCAB)
+            cfg = throughput.bigs_cfg(t, length, "auto") if part == "bigs" else throughput.bert_cfg(t, length, "auto")
+            pc, ref = throughput.peer_config(part, config_cls, t, length)
+
+            def peer_side(pc=pc, data=data, length=length, model_cls=model_cls):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return throughput.linen_side(model_cls(pc, input_shape=(1, length), seed=0), data)
+
+            def theirs(make=peer_side):
+                side = make()
+                return lambda: lower_compile(side)
+
+            makers = {f"ssmlm {part}": ssmlm_compile(cfg, data), ref: theirs}
+            compile_table(f"{part}, L {length}, d 256, 4 layers:", makers, ref, a.rounds)
+
+
+def lm_peers(a) -> None:
+    cfgs = lm_throughput.configs(256, 4, 2048)
+
+    def maker(cfg):
+        def build():
+            step = lm_throughput.build_step(cfg, 2, 2048)
+            return step.compile
+
+        return build
+
+    makers = {k: maker(c) for k, c in cfgs.items()}
+    compile_table("language models, d 256, L 2,048, batch 2 (lm_throughput.py's sizes):", makers,
+                  lm_throughput.REFERENCE, a.rounds)  # fmt: skip
+
+
+def auto_rule(a) -> None:
+    """Per depth: compile of both layouts (interleaved) and their step times (interleaved)."""
+    print(f"scan_layers: unrolled vs scanned by depth, d {a.hidden}, batch {a.batch} x L {a.length}:")
+    print("| model | layers | compile unrolled s | compile scanned s | step unrolled ms | step scanned ms | "
+          "scanned / unrolled step time, paired (range) |\n|---|---:|---:|---:|---:|---:|---|")  # fmt: skip
+    data = throughput.Data.make(a.batch, a.length, VOCAB)
+    for arch in a.archs.split(","):
+        for depth in (int(x) for x in a.depths.split(",")):
+            cfg = small(arch, depth, a.hidden, a.length)
+            lay = {"unrolled": dataclasses.replace(cfg, scan_layers=False),
+                   "scanned": dataclasses.replace(cfg, scan_layers=True)}  # fmt: skip
+            comp = compare_fresh({k: ssmlm_compile(c, data) for k, c in lay.items()}, "unrolled", rounds=1, passes=1)
+            sides = {k: throughput.ssmlm_side(c, data) for k, c in lay.items()}
+            steps = compare(sides, "unrolled", rounds=a.rounds, warmup=2)
+            r = steps["scanned"]
+            inv = " · ".join(f"{1 / m:.2f} ({1 / hi:.2f}–{1 / lo:.2f})"
+                             for m, lo, hi in zip(r["ratio"], r["lo"], r["hi"], strict=True))  # fmt: skip
+            cu, cs = comp["unrolled"]["median_s"][0], comp["scanned"]["median_s"][0]
+            su, ss = steps["unrolled"]["median_s"][0] * 1e3, r["median_s"][0] * 1e3
+            print(f"| {arch} | {depth} | {cu:.1f} | {cs:.1f} | {su:.0f} | {ss:.0f} | {inv} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="sweep,paper,peer")
@@ -138,8 +242,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--paper-unrolled", default="yes", help="also compile the paper-size models unrolled (slow)")
+    ap.add_argument("--rounds", type=int, default=3, help="peers/auto: interleaved rounds per pass (2 passes)")
     a = ap.parse_args()
     parts = set(a.only.split(","))
+    print(machine_line())
     dev = jax.devices()[0]
     print(f"device: {len(jax.devices())} x {dev.platform} ({dev.device_kind}); "
           f"{platform.processor() or platform.machine()}; jax {jax.__version__}; "
@@ -160,6 +266,13 @@ def main() -> None:
             cfg = dataclasses.replace(cfg, max_seq_length=length) if cfg.arch in ("gmlp", "amlp") else cfg
             label = f"{name} ({cfg.num_layers}L d={cfg.hidden_size} ffn={cfg.intermediate_size})"
             row(label, cfg, a.batch, length, layouts)
+
+    if "peers" in parts:
+        encoder_peers(a)
+        lm_peers(a)
+
+    if "auto" in parts:
+        auto_rule(a)
 
     if "peer" in parts:
         print("peer at equal size (BERT-base shape, 12 layers d=768, post-LN as HuggingFace's):")

@@ -78,16 +78,33 @@ def a_batch(batch: int, length: int, seed: int = 0):
     return make_batch(tokens, np.roll(tokens, -1, 1), types == 3, segment_ids=seg, positions=pos, token_types=types)
 
 
-def train_step(cfg: ModelConfig, batch: int, length: int):
-    """(one-step callable, parameter count, compile wall seconds) for ``cfg``'s training step."""
+def build_step(cfg: ModelConfig, batch: int, length: int):
+    """``cfg``'s training step lowered on its arguments (a fresh jit: ``.compile()`` compiles anew); the
+    arguments and the parameter count are attached as ``.args`` and ``.n_params``."""
     model = build_pretraining_model(cfg)
     graphdef, params = nnx.split(model, nnx.Param)
     opt = make_optimizer(TrainConfig(steps=100, learning_rate=1e-3), 100, params, cfg)
-    opt_state = opt.tx.init(params)
-    b = jax.device_put(a_batch(batch, length))
+    args = (params, opt.tx.init(params), jax.device_put(a_batch(batch, length)), jnp.int32(0))
+
+    class Step:
+        n_params = count_params(model)
+
+        def __init__(self):
+            self.args = args
+
+        def compile(self):
+            return make_train_step(LMObjective.loss, opt.tx, graphdef, 0).lower(*args).compile()
+
+    return Step()
+
+
+def train_step(cfg: ModelConfig, batch: int, length: int):
+    """(one-step callable, parameter count, compile wall seconds) for ``cfg``'s training step."""
+    built = build_step(cfg, batch, length)
     t = time.perf_counter()
-    fn = make_train_step(LMObjective.loss, opt.tx, graphdef, 0).lower(params, opt_state, b, jnp.int32(0)).compile()
+    fn = built.compile()
     compile_s = time.perf_counter() - t
+    params, opt_state, b, _ = built.args
     state = {"params": params, "opt": opt_state, "i": 0}
 
     def step():
@@ -95,7 +112,7 @@ def train_step(cfg: ModelConfig, batch: int, length: int):
         state["i"] += 1
         jax.block_until_ready(m)
 
-    return step, count_params(model), compile_s
+    return step, built.n_params, compile_s
 
 
 def train_table(cfgs: dict[str, ModelConfig], batch: int, length: int, rounds: int) -> None:

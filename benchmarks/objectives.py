@@ -1,6 +1,7 @@
 """Birdie objectives side by side with the official pipeline's objective functions: samples/s and tokens/s.
 
     /tmp/peervenv/bin/python benchmarks/objectives.py         # where birdie_rl (0.2.0) is importable: paired
+    ... objectives.py --birdie-repo DIR                       # or from a checkout of github samblouir/birdie
     PYTHONPATH=. .venv/bin/python benchmarks/objectives.py    # without it: ssmlm's own rates, and a line saying so
 
 Text: the built-in corpus (Python's own documentation, ``ssmlm.data.sources.builtin_corpus``), tokenised with a
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -133,14 +135,43 @@ def official_tokenizer(tok, sample_text: str):
     return Tokenizer(), how
 
 
-def load_official():
+DEFAULT_BIRDIE_REPO = "/tmp/peers/birdie"
+
+
+def load_official(repo: str | None):
+    """(birdie_rl.load_objective, version) from the installed package or, failing that, a checkout of the official
+    repository (github samblouir/birdie); (None, why) when neither imports."""
     try:
         from birdie_rl.load_objective import load_objective
-    except Exception as e:  # noqa: BLE001 (any import failure means: no peer)
-        return None, f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 (any import failure means: no installed peer)
+        repo = repo or (DEFAULT_BIRDIE_REPO if os.path.isdir(DEFAULT_BIRDIE_REPO) else None)
+        if repo is None:
+            return None, f"{type(e).__name__}: {e}; no --birdie-repo given and {DEFAULT_BIRDIE_REPO} does not exist"
+        # The package's __init__ imports its reward model (torch, accelerate), which the objective functions never
+        # use: register the package without running that __init__, so only the objectives are imported.
+        import types
+
+        for name in [m for m in sys.modules if m == "birdie_rl" or m.startswith("birdie_rl.")]:
+            del sys.modules[name]
+        pkg = types.ModuleType("birdie_rl")
+        pkg.__path__ = [os.path.join(repo, "birdie_rl")]
+        sys.modules["birdie_rl"] = pkg
+        try:
+            from birdie_rl.load_objective import load_objective
+        except Exception as e2:  # noqa: BLE001
+            return None, f"{type(e2).__name__}: {e2} (from {repo})"
+        return load_objective, f"{_repo_version(repo)} from {repo} (objectives only)"
     import birdie_rl
 
     return load_objective, getattr(birdie_rl, "__version__", None) or _dist_version("birdie_rl")
+
+
+def _repo_version(repo: str) -> str:
+    import subprocess
+
+    version = re.search(r'^version = "([^"]+)"', open(os.path.join(repo, "pyproject.toml")).read(), re.M)
+    head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"{version.group(1) if version else '?'} (git {head.stdout.strip() or '?'})"
 
 
 def _dist_version(name):
@@ -231,6 +262,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000, help="BPE vocabulary to train on the corpus (32000)")
     ap.add_argument("--rows", type=int, default=200, help="make_row rows of the 'birdie' mixture to time (0: none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--birdie-repo", default=None, help=f"official Birdie checkout (default {DEFAULT_BIRDIE_REPO})")
     args = ap.parse_args()
 
     load_start = os.getloadavg()
@@ -241,7 +273,7 @@ def main():
     rng = np.random.default_rng(args.seed)
     starts = rng.integers(0, len(stream) - 2 * L, N)
     srcs = [stream[a : a + 2 * L] for a in starts]
-    load_objective, peer = load_official()
+    load_objective, peer = load_official(args.birdie_repo)
     cases = [c for c in CASES if not args.only or c[0] in args.only.split(",")]
 
     print(f"corpus: {len(docs)} documents, {len(stream):,} tokens (byte-level BPE, vocabulary "

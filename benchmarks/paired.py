@@ -11,7 +11,8 @@ disagree was measured under changing load and says so by its range.
     rows = compare({"ssmlm": step_a, "peer": step_b}, reference="peer", rounds=7, warmup=2)
 
 A step is a zero-argument callable that runs one unit of work and blocks until it is done
-(``jax.block_until_ready``). Used by benchmarks/{throughput,lm_throughput,objectives,compile}.py.
+(``jax.block_until_ready``). ``compare_fresh`` does the same for work that must start afresh each time
+(compiling). Used by benchmarks/{throughput,lm_throughput,objectives,compile,scan_impl}.py.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def compare(steps: dict[str, Callable[[], object]], reference: str, *, rounds: i
     for _ in range(warmup):
         for n in names:
             steps[n]()
-    out = {n: {"median_s": [], "ratio": [], "lo": [], "hi": [], "times": []} for n in names}
+    passes_times = []
     for _ in range(passes):
         times = {n: [] for n in names}
         for r in range(rounds):
@@ -47,9 +48,36 @@ def compare(steps: dict[str, Callable[[], object]], reference: str, *, rounds: i
                 t0 = time.perf_counter()
                 steps[n]()
                 times[n].append(time.perf_counter() - t0)
-        for n in names:
+        passes_times.append(times)
+    return summarise(passes_times, reference, per)
+
+
+def compare_fresh(makers: dict[str, Callable[[], Callable[[], object]]], reference: str, *, rounds: int = 3,
+                  passes: int = 2) -> dict[str, dict]:  # fmt: skip
+    """compare() for work that can be timed only once per object (compiling a step): each round calls every
+    ``makers[name]()`` (untimed: build the model, a fresh jit) and times the callable it returns, interleaved
+    in rotating order. No warm-up: the first round is what a user waits for too."""
+    names = list(makers)
+    passes_times = []
+    for _ in range(passes):
+        times = {n: [] for n in names}
+        for r in range(rounds):
+            for n in names[r % len(names) :] + names[: r % len(names)]:
+                work = makers[n]()
+                t0 = time.perf_counter()
+                work()
+                times[n].append(time.perf_counter() - t0)
+        passes_times.append(times)
+    return summarise(passes_times, reference)
+
+
+def summarise(passes_times: list[dict[str, list[float]]], reference: str, per: dict[str, float] | None = None):
+    """compare()'s result from per-pass, per-side lists of round times (round i of every side paired)."""
+    per = per or dict.fromkeys(passes_times[0], 1.0)
+    out = {n: {"median_s": [], "ratio": [], "lo": [], "hi": [], "times": []} for n in passes_times[0]}
+    for times in passes_times:
+        for n, o in out.items():
             ratios = [(a / per[reference]) / (b / per[n]) for a, b in zip(times[reference], times[n], strict=True)]
-            o = out[n]
             o["median_s"].append(statistics.median(times[n]))
             o["ratio"].append(statistics.median(ratios))
             o["lo"].append(min(ratios))
