@@ -47,7 +47,7 @@ from flax import nnx
 
 from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, gelu
-from ssmlm.models.lm import CausalConv1D, GatedMLP, linear, rms_norm
+from ssmlm.models.lm import CausalConv1D, GatedMLP, at_last, linear, prompt_lengths, rms_norm
 from ssmlm.models.lm_context import Context
 from ssmlm.models.scan import bidirectional_scan, bidirectional_step, halves
 
@@ -88,7 +88,7 @@ class GatedSSMBlock(nnx.Module):
     def prefill(self, x, ctx: Context, cache: dict):
         y, h, _ = self.mix(x, ctx)
         # the forward half's last state is the memory; the reverse half is reset at every causal token anyway
-        return y, {"h": h[:, -1]}
+        return y, {"h": at_last(h, ctx)}
 
     def step(self, x, cache: dict, pos):
         f, z, i, o = self.gates(x)
@@ -139,7 +139,8 @@ class GatedSSMPlusBlock(nnx.Module):
 
     def prefill(self, x, ctx: Context, cache: dict):
         y, h, u = self.mix(x, ctx)
-        return self.mlp(y), {"h": h[:, -1], "conv": self.conv.tail(u).astype(cache["conv"].dtype)}
+        tail = self.conv.tail(u, prompt_lengths(ctx)).astype(cache["conv"].dtype)
+        return self.mlp(y), {"h": at_last(h, ctx), "conv": tail}
 
     def step(self, x, cache: dict, pos):
         u = self.norm(x)

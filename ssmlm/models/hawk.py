@@ -43,7 +43,7 @@ from flax import nnx
 
 from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, gelu
-from ssmlm.models.lm import CausalConv1D, GatedMLP, linear, rms_norm
+from ssmlm.models.lm import CausalConv1D, GatedMLP, at_last, linear, prompt_lengths, rms_norm
 from ssmlm.models.lm_context import Context
 from ssmlm.models.scan import bidirectional_scan, bidirectional_step, channel_resets, halves, step_resets
 
@@ -139,7 +139,8 @@ class HawkBlock(nnx.Module):
 
     def prefill(self, x, ctx: Context, cache: dict):
         y, h, v = self.mix(x, ctx)
-        return self.mlp(y), {"h": h[:, -1], "conv": self.conv.tail(v).astype(cache["conv"].dtype)}
+        tail = self.conv.tail(v, prompt_lengths(ctx)).astype(cache["conv"].dtype)
+        return self.mlp(y), {"h": at_last(h, ctx), "conv": tail}
 
     def step(self, x, cache: dict, pos):
         u = self.norm(x)

@@ -13,7 +13,8 @@ Every block has the interface
     Block(cfg, bidirectional, *, rngs)
     block(x, ctx) -> x                    (B, L, d)
     block.init_cache(batch, max_len)      a pytree of arrays (O(1) in max_len for recurrences)
-    block.prefill(x, ctx, cache)          a prompt, one sample per row, no padding -> (x, cache)
+    block.prefill(x, ctx, cache)          a prompt, one sample per row, padding (segment 0) only after it
+                                          -> (x, cache after the prompt's last real token)
     block.step(x, cache, pos)             one causal token (B, d) at positions pos (B,) -> (x, cache)
 and is found by name in BLOCKS, imported on use (so one block's module never needs another's).
 
@@ -124,19 +125,32 @@ class CausalConv1D(nnx.Module):
             y = y + self.tap(jnp.where(same, src, 0), k)
         return y
 
-    def tail(self, x):
-        """(B, width−1, C): the last width−1 inputs of a prompt (zeros before its start), the decoding cache."""
+    def tail(self, x, ends=None):
+        """(B, width−1, C): the width−1 inputs of a prompt before ``ends`` (B,) (default: its length; zeros before
+        its start), the decoding cache."""
         keep = self.width - 1
         if keep == 0:
             return x[:, :0]
-        x = jnp.pad(x, ((0, 0), (max(0, keep - x.shape[1]), 0), (0, 0)))
-        return x[:, x.shape[1] - keep :]
+        if ends is None:
+            ends = jnp.full((x.shape[0],), x.shape[1], jnp.int32)
+        x = jnp.pad(x, ((0, 0), (keep, 0), (0, 0)))  # x[t] is now at t + keep: the window before ``ends`` starts there
+        return jax.vmap(lambda row, end: jax.lax.dynamic_slice_in_dim(row, end, keep, axis=0))(x, ends)
 
     def step(self, x, tail):
         """One new input (B, C) after ``tail`` (B, width−1, C) of the same sample -> (y, new tail)."""
         window = jnp.concatenate([tail, x[:, None]], axis=1)  # oldest first: window[-1-k] is x_{t−k}
         y = self.bias[...].astype(x.dtype) + sum(self.tap(window[:, -1 - k], k) for k in range(self.width))
         return y, window[:, 1:]
+
+
+def prompt_lengths(ctx: Context):
+    """(B,) int32: the real (non-padding) tokens of each prompt row, padding being after them (decoding)."""
+    return jnp.sum(ctx.segment_ids != 0, axis=1).astype(jnp.int32)
+
+
+def at_last(h, ctx: Context):
+    """(B, …): each prompt row's value at its last real token (the state after the prompt), padding after it."""
+    return h[jnp.arange(h.shape[0]), prompt_lengths(ctx) - 1]
 
 
 # ---- the model ----
@@ -185,17 +199,19 @@ class LanguageModel(nnx.Module):
             "layers": [block.init_cache(batch, max_len) for block in self.blocks],
         }
 
-    def prefill(self, tokens, token_types, cache: dict) -> tuple[jax.Array, dict]:
-        """A prompt (B, L) (one sample per row, no padding; token_types 1 on its prefix, 3 after) -> its logits
-        (B, L, V) and the cache after it. The prompt starts afresh: ``cache`` gives only shapes and dtypes."""
-        ctx: Context = make_context(tokens, token_types=token_types)
+    def prefill(self, tokens, token_types, cache: dict, segment_ids=None) -> tuple[jax.Array, dict]:
+        """A prompt (B, L) (one sample per row; token_types 1 on its prefix, 3 after) -> its logits (B, L, V) and
+        the cache after it. The prompt starts afresh: ``cache`` gives only shapes and dtypes. ``segment_ids`` 0
+        marks padding after a row's prompt (1 elsewhere; default: none): padded prompts share one compiled
+        prefill, and the padding changes nothing before it (every block is causal past the prefix, the
+        recurrences' state and the convolutions' tail are taken at the last real token, no key is a padding one)."""
+        ctx: Context = make_context(tokens, segment_ids, token_types)
         h = self.embeddings(tokens)
         layers = []
         for block, c in zip(self.blocks, cache["layers"], strict=True):
             h, c = block.prefill(h, ctx, c)
             layers.append(c)
-        pos = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
-        return self.logits(h), {"pos": pos, "layers": layers}
+        return self.logits(h), {"pos": prompt_lengths(ctx), "layers": layers}
 
     def step(self, tokens, cache: dict) -> tuple[jax.Array, dict]:
         """One causal token per row (B,) -> its logits (B, V) and the advanced cache."""
