@@ -1,19 +1,24 @@
-"""`ssmlm analyze spatial` (gMLP Figures 3 and 4) and `ssmlm analyze report` (one self-contained HTML page).
+"""`ssmlm analyze spatial` (gMLP Figures 3 and 4) and `ssmlm analyze report` (one self-contained HTML page that
+reads top to bottom as an account of a run).
 
-Two tiny runs, trained once for the module through the CLI: a gMLP (Toeplitz spatial weights) and a BiGS.
-The spatial values are checked against the parameters read straight from the checkpoint with Orbax; the page
-against the recipe, a hand-written evaluation JSON and the PNG files it embeds; and, where a Chromium is
-installed, in a headless browser (every <img> decoded).
+Tiny runs, trained once for the module through the CLI: a gMLP (Toeplitz spatial weights) and a BiGS (MLM), a
+gated-SSM language model on Birdie's mixture (its controller and per-configuration losses) and that model
+finetuned on phone books. The spatial values are checked against the parameters read straight from the checkpoint
+with Orbax; the pages against the runs' own files: every page's structure is parsed (parts in order, every image
+decodes and is the file beside the page, no table over MAX_ROWS rows), and where a Chromium is installed each page
+is opened headless, checked and screenshot.
 """
 
 import base64
 import csv
 import html
+import io
 import json
 import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +26,7 @@ import pytest
 from conftest import english_lines, tiny_recipe
 from typer.testing import CliRunner
 
-from ssmlm.analyze import registry
-from ssmlm.analyze.report import check_images, find_browser
+from ssmlm.analyze.report import MAX_ROWS, PARTS, check_images, find_browser, inspect_page, screenshot
 from ssmlm.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,43 +164,114 @@ def test_spatial_refuses_other_architectures_and_bad_options(runs):
     assert r.exit_code != 0 and f"--token {N}" in r.output
 
 
+# ----------------------------------------------------------------------------- the report
+
+
+class Page(HTMLParser):
+    """What a report page is made of: its images (attributes), the rows of each table, and its parts (headings
+    with data-part) in document order, each with the run section it sits in."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.images, self.tables, self.parts, self.section = [], [], [], None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self.section = a.get("id")
+        elif tag == "img":
+            self.images.append(a)
+        elif tag == "table":
+            self.tables.append(0)
+        elif tag == "tr" and self.tables:
+            self.tables[-1] += 1
+        if "data-part" in a:
+            self.parts.append((self.section, a["data-part"]))
+
+
+def check_structure(page_path: Path) -> Page:
+    """The checks that need no browser: every run's parts in PARTS order (the ones every run has all there), every
+    <img> a PNG that decodes and is byte for byte the file it names beside the page, no table over MAX_ROWS rows
+    (plus its header)."""
+    from PIL import Image
+
+    text = page_path.read_text()
+    page = Page(text)
+    runs = dict.fromkeys(s for s, _ in page.parts if s and s.startswith("run-"))
+    assert runs, "no run sections"
+    for run in runs:
+        parts = [p for s, p in page.parts if s == run]
+        assert parts == [p for p in PARTS if p in parts], parts  # in order, each once
+        assert {"summary", "training", "evaluation", "analyses", "recipe"} <= set(parts)
+    assert page.images
+    for img in page.images:
+        data = base64.b64decode(img["src"].split(",", 1)[1], validate=True)
+        assert data.startswith(PNG)
+        Image.open(io.BytesIO(data)).verify()
+        files = list(page_path.parent.rglob(img["data-file"]))
+        assert any(f.read_bytes() == data for f in files), img["data-file"]
+    assert max(page.tables) <= MAX_ROWS + 1, page.tables
+    return page
+
+
 @pytest.fixture(scope="module")
 def report(runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    res = invoke("analyze", "report", "--ckpt", runs["bigs"], "--ckpt", runs["gmlp"], "--out", out)
+    res = invoke("analyze", "report", "-q", "--ckpt", runs["bigs"], "--ckpt", runs["gmlp"], "--out", out)
     summary = json.loads(res.stdout)
     return out, summary, (out / "index.html").read_text()
 
 
 def sections(page: str) -> dict[str, str]:
     """Run name -> its <section> of the page."""
-    found = re.finditer(r"<section id='run-\d+'><h2>(.*?)</h2>.*?</section>", page, re.S)
+    found = re.finditer(r"<section class='run' id='run-\d+'><h2>(.*?)</h2>.*?</section>", page, re.S)
     return {m.group(1): m.group(0) for m in found}
+
+
+def checkpoint_param_count(run_dir: Path) -> int:
+    import jax
+    import orbax.checkpoint as ocp
+
+    step = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    tree = ocp.StandardCheckpointer().restore((run_dir / "checkpoints" / str(step) / "params").resolve())
+    return sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tree))
 
 
 def test_report_page_shows_recipe_curves_evaluations_and_analyses(runs, report):
     out, summary, page = report
     assert summary["page"] == str(out / "index.html")
+    check_structure(out / "index.html")
     by_run = {Path(s["run"]).name: s for s in summary["runs"]}
     parts = sections(page)
     assert set(parts) == {"bigs", "gmlp"}
+    # two runs: the page opens with a table comparing them, before either run's section
+    assert page.index("Runs compared") < page.index("<section class='run'")
 
     # self-contained: no scripts, stylesheets or images fetched from elsewhere
     assert "<script" not in page and "<link" not in page
     srcs = re.findall(r"src='([^']*)'", page)
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
-    for s in srcs:
-        assert base64.b64decode(s.split(",", 1)[1], validate=True).startswith(PNG)
 
     for name, run_dir in runs.items():
+        if name not in parts:
+            continue
         part = parts[name]
         assert html.escape((run_dir / "recipe.yaml").read_text(), quote=True) in part  # the recipe, verbatim
+        # the summary: the size counted from the checkpoint's own arrays, the tokens and time the run took
+        params = checkpoint_param_count(run_dir)
+        assert f"{params / 1e3:.3g}k parameters" in part
+        assert f"{2 * 8 * N} (2 steps × 8 rows × {N})" in part
+        seconds = json.loads((run_dir / "summary.json").read_text())
+        assert f"{seconds.get('seconds_total', seconds['seconds']):.1f} s" in part
         # the curves: the embedded loss plot is the PNG written beside the page, byte for byte
         curves = [out / name / "curve_loss.png", out / name / "curve_throughput.png"]
         for png in curves:
             assert f"base64,{base64.b64encode(png.read_bytes()).decode()}'" in part
         last = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if "split" not in ln][-1]
-        assert f"<td>last train loss</td><td class='num'>{last['loss']:.6g}</td>" in part
+        assert f"<td>training loss at step {last['step']}</td><td class='num'>{last['loss']:.6g}</td>" in part
+        # the summary comes first, the loss curve in it
+        assert part.index("data-part='summary'") < part.index("curve_loss.png") < part.index("data-part='training'")
         # one <img> per curve and per image of every analysis that applied
         applied = by_run[name]["analyses"]
         assert part.count("<img ") == len(curves) + sum(len(v) for v in applied.values())
@@ -212,17 +287,37 @@ def test_report_page_shows_recipe_curves_evaluations_and_analyses(runs, report):
     assert "broken.json: not an evaluation result (JSONDecodeError" in bigs
     assert "No evaluation results" in parts["gmlp"]
 
-    # which analyses applied: spatial to the gMLP only; kernels to the BiGS once it has a report entry
+    # which analyses applied: spatial to the gMLP only; kernels and FLOPs to the BiGS
     assert list(by_run["gmlp"]["analyses"]["spatial"]) == [
         str(out / "gmlp" / "spatial_middle.png"), str(out / "gmlp" / "spatial_tokens.png")
     ]  # fmt: skip
     assert "spatial" in by_run["bigs"]["not_applicable"] and "spatial" not in by_run["bigs"]["analyses"]
     assert "Not applicable to this run: " in bigs and "spatial" in bigs.split("Not applicable to this run: ")[1]
-    if hasattr(registry()["kernels"], "for_report"):
-        assert "kernels" in by_run["bigs"]["analyses"] and "kernels" in by_run["gmlp"]["not_applicable"]
+    assert "kernels" in by_run["bigs"]["analyses"] and "kernels" in by_run["gmlp"]["not_applicable"]
     W = np.load(out / "gmlp" / "spatial.npz")["W"]  # the numbers table of the spatial entry
     peak = int(np.abs(W[0, N // 2]).argmax()) - N // 2
-    assert f"<td>layer 0: peak offset / |W| share within ±8</td><td class='num'>{peak:+d} / " in parts["gmlp"]
+    assert f"<td>layer 0: peak offset / |W| share within ±8</td><td>{peak:+d} / " in parts["gmlp"]
+    # a 2-layer, d 16 BiGS is not the paper's 23 x 1024: its FLOPs are not set beside Table 6's, only normalised
+    assert "flops" in by_run["bigs"]["analyses"]
+    assert html.escape("is not the size of the paper's BiGS (23 layers × d 1024)") in bigs
+    assert "÷ at 128: paper (23 layers × d 1024)" in bigs and "paper Table 6 (forward)" not in bigs
+    # Figure 5 needs several finetuned runs: not drawn for pretraining runs
+    assert "BiGS Figure 5" not in page and "transfer" in by_run["bigs"]["several_runs"]
+
+
+def test_flops_figure_sets_the_paper_beside_only_its_own_size(runs):
+    from ssmlm.analyze.flops import PAPER_TABLE6, flops_panels, is_paper_config, model_config
+    from ssmlm.recipe import load_recipe
+    from ssmlm.runs import open_run
+
+    assert is_paper_config("BiGS", model_config(load_recipe("bigs_full")).cfg)
+    assert not is_paper_config("BiGS", model_config(open_run(runs["bigs"]).recipe).cfg)
+    rows = [{"model": m, "length": n, "paper_flops": PAPER_TABLE6[n][m], "paper_config": True}
+            for m in ("BiGS", "BERT") for n in (128, 512)]  # fmt: skip
+    bigs = [r for r in rows if r["model"] == "BiGS"]
+    assert flops_panels(bigs) == ["flops"]  # the paper's size: its numbers beside ours, no other panel
+    assert flops_panels([{**r, "paper_config": False} for r in bigs]) == ["flops", "growth"]
+    assert flops_panels(rows) == ["flops", "ratio"]
 
 
 def test_a_failing_analysis_shows_its_error_and_the_page_goes_on(runs, tmp_path):
@@ -232,7 +327,7 @@ def test_a_failing_analysis_shows_its_error_and_the_page_goes_on(runs, tmp_path)
     for step in (run / "checkpoints").iterdir():
         if step.is_dir():
             shutil.rmtree(step / "params")
-    summary = json.loads(invoke("analyze", "report", "--ckpt", run).stdout)
+    summary = json.loads(invoke("analyze", "report", "-q", "--ckpt", run).stdout)
     page = (run / "analysis" / "index.html").read_text()
     (info,) = summary["runs"]
     assert "spatial" in info["errors"] and "spatial" not in info["analyses"]
@@ -242,24 +337,194 @@ def test_a_failing_analysis_shows_its_error_and_the_page_goes_on(runs, tmp_path)
     assert "<summary>recipe.yaml</summary>" in page and page.rstrip().endswith("</html>")
 
 
+# ----------------------------------------------------------------------------- language models
+
+
+@pytest.fixture(scope="module")
+def lm_runs(runs, tmp_path_factory):
+    """{"birdie": a gated-SSM LM on Birdie's mixture (controller, per-configuration losses), "phonebook": it
+    finetuned on phone books, with a phone-book evaluation written from hand-made records}."""
+    import yaml
+
+    from ssmlm.evaluate.retrieval import summarize
+
+    tmp = tmp_path_factory.mktemp("lmreport")
+    corpus = runs["bigs"].parent.parent / "corpus"
+    recipe = {
+        "base": "lm_tiny", "name": "birdie",
+        "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "max_seq_length": 128},
+        "data": {"source": str(corpus), "vocab_size": 400, "validation_fraction": 0.2},  # 12 files: 2 held out
+        "objective": {"mixture": "birdie", "min_sample_space": 16,
+                      "controller": {"eval_scale": 0.02, "validation_rows": 1, "proposals": 32, "grok_iterations": 2,
+                                     "width": 16, "state_size": 16, "layers": 1}},
+        "train": {"steps": 6, "batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 1,
+                  "checkpoint_every": 0, "out_dir": str(tmp / "runs")},
+    }  # fmt: skip
+    (tmp / "birdie.yaml").write_text(yaml.safe_dump(recipe))
+    invoke("pretrain", tmp / "birdie.yaml", "-q")
+    phonebook = {
+        "base": "phonebook_tiny",
+        "task": {"max_seq_length": 256, "phonebook": {"train_books": 8, "validation_books": 2, "entries": [2, 5],
+                                                      "queries": [1, 2]}},
+        "train": {"steps": 2, "batch_size": 4, "eval_every": 0, "checkpoint_every": 0, "log_every": 1,
+                  "out_dir": str(tmp / "runs")},
+    }  # fmt: skip
+    (tmp / "pb.yaml").write_text(yaml.safe_dump(phonebook))
+    invoke("finetune", "--ckpt", tmp / "runs" / "birdie", "--task", "phonebook", "--recipe", tmp / "pb.yaml", "-q")
+    ft = tmp / "runs" / "birdie-phonebook"
+    records = [
+        {"entries": 3, "queries": 1, "correct": 0, "all_correct": False, "digits": 10, "digits_correct": 2},
+        {"entries": 5, "queries": 2, "correct": 1, "all_correct": False, "digits": 20, "digits_correct": 12},
+    ]
+    (ft / "eval").mkdir()
+    (ft / "eval" / "phonebook-validation.json").write_text(json.dumps(
+        {"run": str(ft), "task": "phonebook", "split": "validation", "step": 2, "metrics": summarize(records),
+         "records": records}))  # fmt: skip
+    return {"birdie": tmp / "runs" / "birdie", "phonebook": ft}
+
+
+@pytest.fixture(scope="module")
+def birdie_report(lm_runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("birdie_report")
+    summary = json.loads(invoke("analyze", "report", "-q", "--ckpt", lm_runs["birdie"], "--out", out).stdout)
+    return out, summary, (out / "index.html").read_text()
+
+
+def test_birdie_report_names_the_objective_losses(lm_runs, birdie_report):
+    from ssmlm.analyze.objective_losses import class_of, short_name
+    from ssmlm.objectives.birdie.mixtures import mixture
+
+    out, summary, page = birdie_report
+    parsed = check_structure(out / "index.html")
+    assert [p for _, p in parsed.parts] == list(PARTS)  # every part, objectives included, in order
+    (info,) = summary["runs"]
+    assert not info["errors"] and "mixture" in info["analyses"]
+    # the 95-row list of unnamed losses is gone: every configuration named, in a compact per-class table
+    assert "config_loss_" not in page
+    rows = [json.loads(ln) for ln in (lm_runs["birdie"] / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r.get("split") == "validation" and "config_loss_0" in r]
+    n = sum(1 for k in val[-1] if k.startswith("config_loss_"))
+    table = list(csv.DictReader((out / "objective_losses.csv").open()))
+    assert len(table) == n * len(val)
+    grid = [c.name for c in mixture("birdie")[0]]
+    names = [r["configuration"] for r in table[:n]]
+    # the names are the grid's, in the grid's order, the ones that do not fit the rows left out
+    assert len(set(names)) == n and [g for g in grid if g in names] == names
+    assert f"{len(grid) - n} of the mixture's {len(grid)} cannot make a sample" in page
+    for r in table:
+        step = next(v for v in val if v["step"] == int(r["step"]))
+        assert float(r["loss"]) == pytest.approx(step[f"config_loss_{r['index']}"], rel=1e-9)
+    classes = list(dict.fromkeys(class_of(x) for x in names))
+    objectives = page[page.index("data-part='objectives'") : page.index("data-part='evaluation'")]
+    for c in classes:
+        members = [i for i, x in enumerate(names) if class_of(x) == c]
+        mean = sum(val[-1][f"config_loss_{i}"] for i in members) / len(members)
+        assert f"<td>{c.replace('_', ' ')}</td><td class='num'>{len(members)}</td>" in objectives
+        assert f"<td class='num'>{round(mean, 3):.6g}</td>" in objectives
+    assert any(short_name(x) and html.escape(short_name(x)) in objectives for x in names)
+    # the controller's mixture sits with the objective losses, not among the paper figures
+    assert html.escape("Birdie's objective mixture over training") in objectives
+    assert "flops" in info["not_applicable"] and "BiGS Figure 5" not in page
+
+
+def test_finetuned_runs_get_figure_5_only_together(lm_runs, tmp_path):
+    ft = lm_runs["phonebook"]
+    alone = json.loads(invoke("analyze", "report", "-q", "--ckpt", ft, "--out", tmp_path / "alone").stdout)
+    page = (tmp_path / "alone" / "index.html").read_text()
+    check_structure(tmp_path / "alone" / "index.html")
+    (info,) = alone["runs"]
+    assert "transfer" in info["several_runs"] and "BiGS Figure 5" not in page
+    assert "phonebook" in info["analyses"]
+    assert "generated phone books: 8 for training, 2 for validation; 2–5 entries, 1–2 numbers asked each" in page
+    # a second finetuned run (a copy, another name): Figure 5 and Figure 1 across both, before the runs' sections
+    twin = tmp_path / "twin"
+    shutil.copytree(ft, twin)
+    both = json.loads(
+        invoke("analyze", "report", "-q", "--ckpt", ft, "--ckpt", twin, "--out", tmp_path / "both").stdout
+    )
+    page = (tmp_path / "both" / "index.html").read_text()
+    check_structure(tmp_path / "both" / "index.html")
+    assert set(both["across_runs"]) == {"transfer", "phonebook"}
+    assert "(n = 2 finetuned runs)" in page
+    assert page.index("BiGS Figure 5") < page.index("<section class='run'")
+
+
+def test_metric_rows_keep_the_last_line_of_a_step(tmp_path):
+    """A step logged twice (an older run restarted before its first checkpoint) counts once, its last line."""
+    from ssmlm.analyze.run_summary import metric_rows
+
+    lines = [
+        {"step": 1, "loss": 3.0},
+        {"step": 0, "split": "controller", "share/a": 1.0},
+        {"step": 1, "loss": 2.0},
+        {"step": 0, "split": "controller", "share/a": 0.5},
+        {"step": 2, "loss": 1.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\nnot json\n")
+    assert metric_rows(tmp_path) == [lines[3], lines[2], lines[4]]
+
+
+def test_configuration_names_read_short():
+    from ssmlm.analyze.objective_losses import class_of, short_name
+
+    assert short_name("infilling(max_len=256,mean=3.0,min_len=30,rate=0.05)") == "rate 0.05, mean 3, ≤256 tokens"
+    assert short_name("autoencoding(max_len=384,mean=8.0,min_len=5,rate=0.5,shuffle=True)") == (
+        "rate 0.5, mean 8, shuffled, ≤384 tokens"
+    )
+    assert short_name("selective_copying(form=context_query,k=2,max_len=768)") == "k 2, context→query, ≤768 tokens"
+    assert short_name("next_token") == "" and class_of("deshuffling(max_len=256,p=0.5)") == "deshuffling"
+
+
+def test_tables_are_cut_at_max_rows():
+    from ssmlm.analyze.report import _grid
+
+    cut = _grid(["a", "b"], [[i, i * 2] for i in range(100)])
+    assert cut.count("<tr>") == MAX_ROWS + 1 and f"… {100 - MAX_ROWS + 1} more rows" in cut
+    assert _grid(["a"], [[1]] * MAX_ROWS).count("<tr>") == MAX_ROWS + 1
+
+
+# ----------------------------------------------------------------------------- in a browser
+
 needs_browser = pytest.mark.skipif(
     find_browser() is None, reason="no Chromium on PATH (e.g. `apt-get install -y chromium`): browser check skipped"
 )
 
 
 @needs_browser
-def test_every_image_loads_in_a_headless_browser(report, tmp_path):
+def test_pages_in_a_headless_browser(report, birdie_report, tmp_path):
+    """Each page as Chromium lays it out: every image decoded, the parts in order, nothing wider than a 1280 px
+    window; the whole page saved as a screenshot."""
+    from PIL import Image
+
+    for out, _, page in (report, birdie_report):
+        expected = [p for _, p in Page(page).parts]
+        shot = tmp_path / f"{out.name}.png"
+        found = screenshot(out / "index.html", shot)
+        assert found["images"] == page.count("<img ") and found["broken"] == []
+        assert [p["part"] for p in found["parts"]] == expected
+        tops = [p["top"] for p in found["parts"]]
+        assert tops == sorted(tops)  # laid out top to bottom in that order
+        assert found["too_wide"] == []
+        with Image.open(shot) as im:
+            assert im.width == 1280 and im.height >= found["height"]
+
+
+@needs_browser
+def test_broken_images_are_named_and_the_script_saves_screenshots(report, tmp_path):
     out, _, page = report
-    result = check_images(out / "index.html")
-    assert result == {"images": page.count("<img "), "broken": []}
     # the check can fail: one image with a corrupt payload is reported by its alt text, and the script exits 1
     bad = tmp_path / "bad.html"
-    first = re.search(r"<img alt='([^']*)' src='data:image/png;base64,([^']*)'", page)
+    first = re.search(r"<img alt='([^']*)' data-file='[^']*' src='data:image/png;base64,([^']*)'", page)
     bad.write_text(page.replace(first.group(2), "iVBORw0KGgoAAAAAAAAA", 1))
     assert check_images(bad)["broken"] == [first.group(1)]
+    assert inspect_page(out / "index.html")["broken"] == []
     script = [sys.executable, str(ROOT / "benchmarks" / "check_report.py")]
     env = {"PYTHONPATH": str(ROOT), "PATH": str(Path(find_browser()).parent) + ":/usr/bin:/bin"}
-    good = subprocess.run([*script, str(out / "index.html")], capture_output=True, text=True, env=env, timeout=180)
+    shots = tmp_path / "shots"
+    good = subprocess.run([*script, str(out / "index.html"), "--out", shots], capture_output=True, text=True, env=env,
+                          timeout=180)  # fmt: skip
     assert good.returncode == 0, good.stdout + good.stderr
-    broken = subprocess.run([*script, str(bad)], capture_output=True, text=True, env=env, timeout=180)
+    assert json.loads(good.stdout)["screenshot"] == str(shots / f"{out.name}.png")
+    assert (shots / f"{out.name}.png").read_bytes().startswith(PNG)
+    broken = subprocess.run([*script, str(bad), "--out", shots], capture_output=True, text=True, env=env, timeout=180)
     assert broken.returncode == 1 and first.group(1) in broken.stdout + broken.stderr

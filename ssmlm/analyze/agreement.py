@@ -131,6 +131,19 @@ def for_report(run, out_dir: Path) -> dict | None:
     if not applies(run):
         return None
     result = analyze_agreement(run, list(SAMPLES), out_dir)
+    head = result["headline"]
+    if head["skipped"] == head["items"]:  # nothing scored: empty bars would say nothing, the reason does
+        import csv
+        from collections import Counter
+
+        with open(result["items"], newline="") as f:
+            why = Counter(row["skipped"] for row in csv.DictReader(f))
+        reasons = ", ".join(f"{n} {k}" for k, n in why.most_common())
+        return {"title": "Agreement (Goldberg's protocol, sample stimuli)", "figure": FIGURE, "images": [],
+                "data": [result["items"]], "numbers": {"items": head["items"], "skipped": head["skipped"]},
+                "note": f"None of the {head['items']} sample items could be scored on this run ({reasons}: the "
+                        "two verb forms must each be one token of the run's vocabulary, and the sentence must fit "
+                        f"{run.recipe.model.max_seq_length} tokens)."}  # fmt: skip
     numbers = {"stimuli": "hand-written sample (ssmlm/analyze/data)"}
     numbers.update({k: "n/a" if v is None else v for k, v in result["headline"].items()})
     return {

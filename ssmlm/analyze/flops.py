@@ -56,7 +56,7 @@ PAPER_CONFIGS = {"BiGS": (1024, 23, 3072), "BERT": (1024, 24, 4096)}
 COLUMN = {"bigs": "BiGS", "gated_att": "BiGS", "stack_ssm": "BiGS", "bert": "BERT"}  # arch -> Table 6 column
 COLUMNS = ("model", "arch", "length", "predictions", "analytic_train_flops", "xla_train_flops",
            "xla_over_analytic", "analytic_forward_flops", "paper_flops", "train_over_paper", "forward_over_paper",
-           "paper_config")  # fmt: skip
+           "paper_config", "size")  # fmt: skip
 
 
 def command(
@@ -198,18 +198,24 @@ def xla_flops(cfg, length: int, predictions: int) -> float:
     return one + (cfg.num_layers - 1) * (two - one)
 
 
+def paper_size(column: str) -> str:
+    d, layers, _ = PAPER_CONFIGS[column]
+    return f"{layers} layers × d {d}"
+
+
 def is_paper_config(column: str, cfg) -> bool:
     return (cfg.hidden_size, cfg.num_layers, cfg.intermediate_size) == PAPER_CONFIGS[column]
 
 
-def flops_table(models: dict[str, Counted], lengths: list[int], xla: bool = True) -> list[dict]:
-    """One row per (model, length) with the columns of COLUMNS (None where not available)."""
+def flops_table(models: dict[str, Counted], lengths: list[int], xla: bool | set[int] = True) -> list[dict]:
+    """One row per (model, length) with the columns of COLUMNS (None where not available). ``xla``: count
+    with XLA too (at every length, or at the lengths of a set)."""
     rows = []
     for column, m in models.items():
         for length in lengths:
             p = m.predictions(length)
             train = analytic_flops(m.cfg, length, p)
-            measured = xla_flops(m.cfg, length, p) if xla else None
+            measured = xla_flops(m.cfg, length, p) if xla is True or (xla and length in xla) else None
             paper = PAPER_TABLE6.get(length, {}).get(column)
             forward = train / 3  # the 6N convention: forward 2, backward 4 per parameter (every term ×3)
             rows.append({
@@ -220,6 +226,7 @@ def flops_table(models: dict[str, Counted], lengths: list[int], xla: bool = True
                 "train_over_paper": train / paper if paper else None,
                 "forward_over_paper": forward / paper if paper else None,
                 "paper_config": is_paper_config(column, m.cfg),
+                "size": f"{m.cfg.num_layers} layers × d {m.cfg.hidden_size}",
             })  # fmt: skip
     return rows
 
@@ -237,7 +244,7 @@ NOTE = (
 SUMMARY = ("model", "length", "analytic_train_flops", "xla_train_flops", "paper_flops", "forward_over_paper")
 
 
-def analyze_flops(models: dict[str, Counted], lengths: list[int], out_dir: Path, xla: bool = True) -> dict:
+def analyze_flops(models: dict[str, Counted], lengths: list[int], out_dir: Path, xla: bool | set[int] = True) -> dict:
     """Table 6 for ``models`` ({"BiGS": ..., "BERT": ...}, either may be missing) at ``lengths``: CSV, JSON
     (the rows and the note on what the paper counts), PNG and SVG."""
     import csv as csvlib
@@ -270,61 +277,103 @@ def _short(v):
     return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
+def other_sizes(rows: list[dict]) -> list[str]:
+    """The models of ``rows`` that Table 6 has numbers for but that are not the paper's size."""
+    models = dict.fromkeys(r["model"] for r in rows)
+    return [m for m in models if any(r["model"] == m and r["paper_flops"] and not r["paper_config"] for r in rows)]
+
+
+def flops_panels(rows: list[dict]) -> list[str]:
+    """The figure's panels: "flops" (absolute; the paper's crosses only beside a model of its size), "growth"
+    (normalised, for a model of another size), "ratio" (BERT / BiGS, when both are counted)."""
+    models = {r["model"] for r in rows}
+    return ["flops"] + (["growth"] if other_sizes(rows) else []) + (["ratio"] if {"BiGS", "BERT"} <= models else [])
+
+
 def plot_flops(rows: list[dict], out: Path) -> Path:
-    """Left: FLOPs against length (log-log), ours (training: analytic line, XLA dots; forward = training/3,
-    dashed) and the paper's (crosses). Right: BERT/BiGS, ours and the paper's."""
-    from ssmlm.analyze.plots import _plt
+    """FLOPs against length (log-log): ours (training: analytic line, XLA dots; forward = training/3, dashed)
+    and, for a model of the paper's size, the paper's (crosses). A model of another size is not set beside
+    the paper's numbers: a second panel compares how the FLOPs grow with length, each series divided by its
+    value at the shortest length both have, and says which sizes they are. With BiGS and BERT both, a panel
+    of BERT/BiGS."""
+    from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
-    fig, (ax, ratio) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [3, 2]})
-    colors = {"BiGS": "tab:blue", "BERT": "tab:orange"}
     by_model: dict[str, list[dict]] = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
-    for model, rs in by_model.items():
-        x = [r["length"] for r in rs]
-        c = colors.get(model, "black")
-        ax.plot(x, [r["analytic_train_flops"] for r in rs], "-", color=c, label=f"{model}: training (analytic)")
-        if any(r["xla_train_flops"] for r in rs):
-            xs = [(r["length"], r["xla_train_flops"]) for r in rs if r["xla_train_flops"]]
-            ax.plot(*zip(*xs, strict=True), "o", color=c, ms=5, mfc="none", label=f"{model}: training (XLA)")
-        ax.plot(x, [r["analytic_forward_flops"] for r in rs], "--", color=c, lw=1, label=f"{model}: forward (÷3)")
-        paper = [(r["length"], r["paper_flops"]) for r in rs if r["paper_flops"]]
-        if paper:
-            ax.plot(*zip(*paper, strict=True), "x", color=c, ms=8, mew=2, label=f"{model}: paper Table 6")
+    panels = flops_panels(rows)
+    other_size = other_sizes(rows)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
+    axes = dict(zip(panels, axes[0], strict=True))
     ticks = sorted({r["length"] for r in rows})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [str(t) for t in ticks])
+    for model, rs in by_model.items():
+        _draw_flops(axes["flops"], model, rs)
+    ax = axes["flops"]
     ax.set_yscale("log")
-    ax.set_xlabel("input length (tokens)")
-    ax.set_ylabel("FLOPs per sequence (batch 1)")
-    ax.set_title("BiGS Table 6: FLOPs by input length")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    if {"BiGS", "BERT"} <= set(by_model):
-        bigs = {r["length"]: r for r in by_model["BiGS"]}
-        both = [(r, bigs[r["length"]]) for r in by_model["BERT"] if r["length"] in bigs]
-        x = [a["length"] for a, _ in both]
-        ratio.plot(x, [a["analytic_train_flops"] / b["analytic_train_flops"] for a, b in both], "-o", ms=4,
-                   label="ours (analytic)")  # fmt: skip
-        paper = [(a["length"], a["paper_flops"] / b["paper_flops"]) for a, b in both if a["paper_flops"]]
-        if paper:
-            ratio.plot(*zip(*paper, strict=True), "x", ms=8, mew=2, color="black", label="paper Table 6")
-        ratio.axhline(1, color="grey", lw=0.6)
-        ratio.set_xscale("log", base=2)
-        ratio.set_xticks(ticks, [str(t) for t in ticks])
-        ratio.set_xlabel("input length (tokens)")
-        ratio.set_ylabel("FLOPs BERT / BiGS")
-        ratio.set_title("BERT's extra cost grows with length")
-        ratio.grid(alpha=0.3, which="both")
-        ratio.legend(fontsize=8)
-    else:
-        ratio.axis("off")
+    ax.set_ylabel("training FLOPs per sequence (batch 1)")
+    sizes = ", ".join(f"{m}: {rs[0]['size']}" for m, rs in by_model.items())
+    ax.set_title("BiGS Table 6: FLOPs by input length" if not other_size else f"FLOPs by input length ({sizes})",
+                 fontsize=10)  # fmt: skip
+    if other_size:
+        _draw_growth(axes["growth"], {m: by_model[m] for m in other_size})
+    if "ratio" in axes:
+        _draw_ratio(axes["ratio"], by_model)
+    for ax in axes.values():
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("input length (tokens)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
+
+
+COLORS = {"BiGS": "tab:blue", "BERT": "tab:orange"}
+
+
+def _draw_flops(ax, model: str, rs: list[dict]) -> None:
+    x = [r["length"] for r in rs]
+    c = COLORS.get(model, "black")
+    ax.plot(x, [r["analytic_train_flops"] for r in rs], "-", color=c, label=f"{model}: training (analytic)")
+    xs = [(r["length"], r["xla_train_flops"]) for r in rs if r["xla_train_flops"]]
+    if xs:
+        ax.plot(*zip(*xs, strict=True), "o", color=c, ms=5, mfc="none", label=f"{model}: training (XLA)")
+    ax.plot(x, [r["analytic_forward_flops"] for r in rs], "--", color=c, lw=1, label=f"{model}: forward (÷3)")
+    paper = [(r["length"], r["paper_flops"]) for r in rs if r["paper_flops"]]
+    if paper and rs[0]["paper_config"]:  # the paper's numbers only beside a model of the paper's size
+        ax.plot(*zip(*paper, strict=True), "x", color=c, ms=8, mew=2, label=f"{model}: paper Table 6 (same size)")
+
+
+def _draw_growth(ax, by_model: dict[str, list[dict]]) -> None:
+    """Each series ÷ its value at the shortest length with a paper number: how FLOPs grow with length."""
+    for model, rs in by_model.items():
+        c = COLORS.get(model, "black")
+        paper = [r for r in rs if r["paper_flops"]]
+        base = paper[0]
+        ours = [(r["length"], r["analytic_forward_flops"] / base["analytic_forward_flops"]) for r in rs]
+        ax.plot(*zip(*ours, strict=True), "-o", ms=3, color=c, label=f"{model} here, {rs[0]['size']}")
+        theirs = [(r["length"], r["paper_flops"] / base["paper_flops"]) for r in paper]
+        size = paper_size(model)
+        ax.plot(*zip(*theirs, strict=True), "x", ms=8, mew=2, color=c, label=f"{model}, paper Table 6 ({size})")
+        ax.set_ylabel(f"FLOPs ÷ FLOPs at {base['length']} tokens")
+    ax.set_yscale("log", base=2)
+    ax.set_title("a different size from the paper's:\ngrowth with length only (normalised)", fontsize=10)
+
+
+def _draw_ratio(ax, by_model: dict[str, list[dict]]) -> None:
+    bigs = {r["length"]: r for r in by_model["BiGS"]}
+    both = [(r, bigs[r["length"]]) for r in by_model["BERT"] if r["length"] in bigs]
+    x = [a["length"] for a, _ in both]
+    ax.plot(x, [a["analytic_train_flops"] / b["analytic_train_flops"] for a, b in both], "-o", ms=4,
+            label="ours (analytic)")  # fmt: skip
+    paper = [(a["length"], a["paper_flops"] / b["paper_flops"]) for a, b in both
+             if a["paper_flops"] and a["paper_config"] and b["paper_config"]]  # fmt: skip
+    if paper:
+        ax.plot(*zip(*paper, strict=True), "x", ms=8, mew=2, color="black", label="paper Table 6")
+    ax.axhline(1, color="grey", lw=0.6)
+    ax.set_ylabel("FLOPs BERT / BiGS")
+    ax.set_title("BERT's extra cost grows with length", fontsize=10)
 
 
 # ----------------------------------------------------------------------------- report
@@ -334,15 +383,46 @@ REPORT_LENGTHS = (128, 512, 1024)
 
 def for_report(run, out_dir: Path) -> dict | None:
     """Table 6 for the run's own model (BiGS-family or BERT MLM encoder runs; None otherwise, nothing loaded)
-    at 128, 512, 1024 and the run's length."""
+    at 128, 512, 1024 and the run's length: the analytic count at every length, XLA's at the run's own length
+    (each XLA count compiles the model twice; the command counts every length). Beside the paper's numbers
+    only when the model has the paper's size; otherwise normalised (see plot_flops)."""
     arch = run.recipe.model.arch
     if arch not in COLUMN:
         return None
     models = {COLUMN[arch]: model_config(run.recipe)}
-    lengths = sorted({*REPORT_LENGTHS, run.recipe.model.max_seq_length})
-    result = analyze_flops(models, lengths, out_dir)
-    numbers = {}
-    for r in result["table"]:
+    own = run.recipe.model.max_seq_length
+    result = analyze_flops(models, sorted({*REPORT_LENGTHS, own}), out_dir, xla={own})
+    column = COLUMN[arch]
+    cfg = models[column].cfg
+    same = is_paper_config(column, cfg)
+    paper = paper_size(column)
+    table = result["table"]
+    base = next((r for r in table if r["paper_flops"]), table[0])
+    rows, columns = [], ["length", "training FLOPs (analytic)", "training FLOPs (XLA)"]
+    for r in table:
+        row = [f"{r['length']:,}", f"{r['analytic_train_flops']:.3g}",
+               f"{r['xla_train_flops']:.3g}" if r["xla_train_flops"] else "–"]  # fmt: skip
+        if same:
+            row.append(f"{r['paper_flops']:.2g}" if r["paper_flops"] else "–")
+        else:  # growth from the shortest paper length, ours beside the paper's
+            row.append(f"{r['analytic_train_flops'] / base['analytic_train_flops']:.3g}")
+            row.append(f"{r['paper_flops'] / base['paper_flops']:.3g}" if r["paper_flops"] else "–")
+        rows.append(row)
+    if same:
+        columns.append("paper Table 6 (forward)")
+    else:
+        columns += [f"÷ at {base['length']}: this model", f"÷ at {base['length']}: paper ({paper})"]
+    size = f"{cfg.num_layers} layers × d {cfg.hidden_size}"
+    note = (
+        f"This model has the paper's size ({size}): its FLOPs are set beside Table 6's (which match the "
+        "forward pass, a third of training)."
+        if same
+        else f"This model ({size}) is not the size of the paper's {column} ({paper}): its FLOPs are not "
+        "set beside the paper's; the normalised panel and columns compare only how the counts grow with length."
+    )
+    note += f" XLA's count is made at the run's own length ({own}) only; `ssmlm analyze flops` counts every length."
+    numbers = {}  # for programmatic use; the page shows the table
+    for r in table:
         numbers[f"{r['model']} training FLOPs at {r['length']} (analytic)"] = r["analytic_train_flops"]
         if r["xla_train_flops"]:
             numbers[f"{r['model']} training FLOPs at {r['length']} (XLA)"] = r["xla_train_flops"]
@@ -351,5 +431,7 @@ def for_report(run, out_dir: Path) -> dict | None:
         "figure": FIGURE,
         "images": [result["plot"]],
         "data": [result["data"], result["json"]],
+        "note": note,
         "numbers": numbers,
+        "table": {"columns": columns, "rows": rows},
     }

@@ -5,7 +5,9 @@ one after every evaluation, applying from ``applies_from``) carries the action's
 (``share/<class>``) and the mean reward per class of the evaluation that produced it (``reward/<class>``),
 and whether that action was an exploration one. Draws the share of each class against the training step the
 action applied from (a stacked area: the mixture in force at every step) and the rewards per class at each
-evaluation; writes PNG, SVG and the numbers as CSV.
+evaluation (markers, one slot per evaluation: the evaluations are spaced unevenly, so no line joins them);
+writes PNG, SVG and the numbers as CSV. A step logged twice (a run started again before its first checkpoint,
+with an older ssmlm) counts once, its last record.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from ssmlm.errors import UserError
 
 NAME = "mixture"
 FIGURE = "Birdie §3.3, the dynamic mixture"
+MARKERS = "osD^v<>ph"  # one per class in the reward panel
+REPORT_PART = "objectives"  # the report shows it beside the objective losses, not among the paper figures
 
 
 def command(
@@ -41,8 +45,9 @@ def controller_records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{run_dir}: has no metrics.jsonl (not a training run directory)")
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    recs = [r for r in rows if r.get("split") == "controller"]
+    from ssmlm.analyze.run_summary import metric_rows
+
+    recs = [r for r in metric_rows(run_dir) if r.get("split") == "controller"]
     if not recs:
         raise UserError(
             f"{run_dir}: has no controller records; `analyze mixture` needs a run trained with "
@@ -54,8 +59,6 @@ def controller_records(run_dir: Path) -> list[dict]:
 def analyze_mixture(run_dir: Path, out_dir: Path) -> dict:
     import numpy as np
     import pandas as pd
-
-    from ssmlm.analyze.plots import _plt
 
     recs = controller_records(run_dir)
     classes = [k.removeprefix("share/") for k in recs[0] if k.startswith("share/")]
@@ -75,39 +78,63 @@ def analyze_mixture(run_dir: Path, out_dir: Path) -> dict:
     csv = out_dir / "mixture.csv"
     table.to_csv(csv, index=False)
 
+    png = plot_mixture(table, classes, run_dir, out_dir / "mixture.png")
+    svg = png.with_suffix(".svg")
+    start = {c: float(table[f"share/{c}"].iloc[0]) for c in classes}
+    final = {c: float(table[f"share/{c}"].iloc[-1]) for c in classes}
+    return {"plot": str(png), "svg": str(svg), "data": str(csv), "evaluations": len(table) - 1,
+            "start_share": start, "final_share": final}  # fmt: skip
+
+
+def plot_mixture(table, classes: list[str], run_dir: Path, png: Path) -> Path:
+    """Top: the share of each class in force at every step (stacked). Bottom: the mean reward per class at
+    each evaluation, with its own legend."""
+    import numpy as np
+
+    from ssmlm.analyze.plots import _plt, save_figure
+
     plt = _plt()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.4))
     # the action in force from applies_from until the next one: a step function, drawn as stacked areas
     total = _total_steps(run_dir, int(table["applies_from"].max()))
     xs = np.append(table["applies_from"].to_numpy(), total)
     shares = np.stack([table[f"share/{c}"].to_numpy() for c in classes])
     cmap = plt.get_cmap("tab10")
-    top.stackplot(xs, np.concatenate([shares, shares[:, -1:]], axis=1), labels=[c.replace("_", " ") for c in classes],
-                  step="post", colors=[cmap(i) for i in range(len(classes))], alpha=0.85)  # fmt: skip
+    labels = [c.replace("_", " ") for c in classes]
+    top.stackplot(xs, np.concatenate([shares, shares[:, -1:]], axis=1), labels=labels, step="post",
+                  colors=[cmap(i) for i in range(len(classes))], alpha=0.85)  # fmt: skip
     for x in table.loc[table["explored"] == 1, "applies_from"]:
         top.axvline(x, color="black", lw=0.6, ls=":")
     top.set_ylim(0, 1)
     top.set_ylabel("share of sampled objectives")
-    top.set_title(f"Birdie mixture of {run_dir.name} (dotted: exploration actions)")
-    top.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    top.set_title(f"{run_dir.name}: Birdie's mixture (dotted: exploration actions)")
+    top.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, title="share of", title_fontsize=8)
     rewarded = table.iloc[1:]  # the first record is the start action (no reward yet)
+    steps = rewarded["eval_step"].to_numpy()
+    # one slot per evaluation, the classes side by side in it: the evaluations are unevenly spaced (1, 5, 10,
+    # 20, ... × scale), so no line joins them, and equal rewards of several classes stay visible
+    slots = np.arange(len(steps))
+    width = min(0.8 / max(len(classes), 1), 0.12)
     for i, c in enumerate(classes):
         y = rewarded[f"reward/{c}"].to_numpy()
         if np.isfinite(y).any():
-            bottom.plot(rewarded["eval_step"], y, "o-", ms=3, color=cmap(i), label=c.replace("_", " "))
+            bottom.plot(slots + (i - (len(classes) - 1) / 2) * width, y, MARKERS[i % len(MARKERS)], ms=5,
+                        color=cmap(i), label=labels[i])  # fmt: skip
+    for x in slots[1:]:
+        bottom.axvline(x - 0.5, color="grey", lw=0.4, alpha=0.5)
+    bottom.set_xticks(slots, [f"{s:,}" for s in steps])
+    bottom.set_xlim(-0.5, len(steps) - 0.5)
     bottom.axhline(0, color="grey", lw=0.6)
-    bottom.set_ylim(-1.05, 1.05)
-    bottom.set_xlabel("training step")
+    bottom.set_ylim(-1.1, 1.1)
+    bottom.set_xlabel("evaluation, at training step (evenly spaced here; the steps are not)")
     bottom.set_ylabel("mean reward per class\n(loss improvement, ±1)")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
+    bottom.set_title(f"reward of each class at each of the {len(steps)} evaluations", fontsize=10)
+    bottom.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, title="reward of", title_fontsize=8)
+    top.set_xlabel("training step")
+    top.grid(alpha=0.3)
+    bottom.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    png, svg = out_dir / "mixture.png", out_dir / "mixture.svg"
-    fig.savefig(png, dpi=120)
-    fig.savefig(svg)
-    plt.close(fig)
-    final = {c: float(table[f"share/{c}"].iloc[-1]) for c in classes}
-    return {"plot": str(png), "svg": str(svg), "data": str(csv), "evaluations": len(table) - 1, "final_share": final}
+    return save_figure(fig, png)
 
 
 def _total_steps(run_dir: Path, at_least: int) -> int:
@@ -129,6 +156,9 @@ def for_report(run, out_dir: Path) -> dict | None:
     if not metrics.is_file() or '"split": "controller"' not in metrics.read_text():
         return None
     r = analyze_mixture(run.dir, out_dir)
-    numbers = {f"final share: {c.replace('_', ' ')}": f"{v:.3f}" for c, v in r["final_share"].items()}
-    return {"title": "Birdie's objective mixture over training", "figure": FIGURE, "images": [r["plot"]],
-            "data": [r["data"]], "numbers": {"controller updates": r["evaluations"], **numbers}}  # fmt: skip
+    rows = [[c.replace("_", " "), round(r["start_share"][c], 3), round(v, 3)] for c, v in r["final_share"].items()]
+    columns = ["objective class", "share at the start", "share at the end"]
+    title = f"Birdie's objective mixture over training ({r['evaluations']} controller updates)"
+    return {"title": title, "figure": FIGURE, "images": [r["plot"]],
+            "data": [r["data"]], "numbers": {"controller updates": r["evaluations"]},
+            "table": {"columns": columns, "rows": rows}}  # fmt: skip

@@ -17,10 +17,12 @@ def _plt():
     return plt
 
 
-def save_figure(fig, png: Path, dpi: int = 120) -> Path:
-    """Write ``fig`` as ``png`` and a vector copy beside it (.svg, for papers and slides), then close it."""
-    fig.savefig(png, dpi=dpi)
-    fig.savefig(png.with_suffix(".svg"))
+def save_figure(fig, png: Path, dpi: int = 120, svg: bool = True) -> Path:
+    """Write ``fig`` as ``png`` and a vector copy beside it (.svg, for papers and slides), then close it. The
+    saved area grows to hold every title, label and legend (bbox_inches="tight"): nothing is cut off."""
+    fig.savefig(png, dpi=dpi, bbox_inches="tight", pad_inches=0.08)
+    if svg:
+        fig.savefig(png.with_suffix(".svg"), bbox_inches="tight", pad_inches=0.08)
     _plt().close(fig)
     return png
 
@@ -48,26 +50,25 @@ class LossPlot:
 
 
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
-    """Training loss (and validation MLM loss, when logged) against step."""
+    """Training loss (and the objective's validation loss, when logged) against step."""
     plt = _plt()
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    train = [r for r in rows if "loss" in r and "split" not in r]
+    # a step logged twice (an older run started again) keeps its last line
+    train = sorted({r["step"]: r for r in rows if "loss" in r and "split" not in r}.values(), key=lambda r: r["step"])
     # the objective's own validation loss: mlm_loss (MLM), lm_loss (next token), ...
     val = [r for r in rows if r.get("split") == "validation"]
-    key = next((k for r in val for k in r if k.endswith("_loss") or k == "loss"), None)
-    val = [r for r in val if key in r]
+    key = next((k for r in val for k in r if k.endswith("_loss") and not k.startswith("config_") or k == "loss"), None)
+    val = sorted({r["step"]: r for r in val if key in r}.values(), key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="training loss (each logged step)")
     if val:
         name = "" if key == "loss" else key.removesuffix("_loss").upper() + " "
-        ax.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"validation {name}loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(run_dir.name)
+        ax.plot([r["step"] for r in val], [r[key] for r in val], "o-", ms=4, label=f"validation {name}loss")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss (nats per predicted token)")
+    ax.set_title(f"{run_dir.name}: loss")
     ax.grid(alpha=0.3)
     ax.legend()
     out = out or run_dir / "loss.png"
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, svg=False)

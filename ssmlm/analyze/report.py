@@ -1,16 +1,30 @@
-"""`analyze report`: one self-contained HTML page for one or more runs.
+"""`analyze report`: one self-contained HTML page that reads top to bottom as an account of one or more runs.
 
-Per run the page shows the recipe (collapsible YAML), the training loss and throughput (tokens/s) curves from
-metrics.jsonl, every evaluation the run holds (RUN/eval/*.json: the numeric entries of its ``metrics`` as a
-table), and every analysis of the registry that applies: for each module defining ``for_report(run, out_dir)``,
-its returned {"title", "figure", "images", "data", "numbers"} (None: it does not apply to this run). The
-analyses that do not apply are listed; an analysis that fails shows its error line and the page goes on.
+With several runs the page opens with a table comparing them and the figures that need several runs (BiGS
+Figure 5, Birdie Figure 1 with one line per run: each analysis module's ``for_report_runs(runs, out_dir)``).
+Then, per run, in this order (each part a heading with ``data-part``):
 
-Self-contained: CSS inline and every image embedded as a base64 data URI, so the one file can be mailed or
-archived. The files behind it (PNGs, CSV/NPZ) stay in the output directory and are linked relatively.
+  summary      what was trained (family, size in parameters, recipe, objective or task), on what data, for how
+               long (steps, tokens, wall time), the headline numbers and the loss curve
+  training     throughput and learning rate against step
+  objectives   a language model's validation loss per objective class and configuration, by name
+               (ssmlm.analyze.objective_losses), and Birdie's mixture (the modules with REPORT_PART =
+               "objectives"); only for runs that logged them
+  evaluation   every evaluation the run holds (RUN/eval/*.json: the numeric entries of its ``metrics``)
+  analyses     every analysis of the registry that applies: each module's ``for_report(run, out_dir)`` returns
+               {"title", "figure", "images", "data", "numbers", "table", "note"} or None (does not apply);
+               the ones that do not apply are listed; one that fails shows its error line and the page goes on.
+               "table" ({"columns", "rows"}), when given, is shown instead of the "numbers" (name: value)
+               table; a module with REPORT_ACROSS_RUNS_ONLY is drawn across runs only
+  recipe       the resolved recipe.yaml (collapsed)
 
-``check_images`` opens a page in headless Chromium and reports every <img> that did not load (naturalWidth 0);
-benchmarks/check_report.py is its command-line form.
+No table has more than MAX_ROWS rows (the rest are in the linked CSV). Self-contained: CSS inline and every image
+embedded as a base64 data URI (its file named in ``data-file``), so the one file can be mailed or archived; the
+files behind it stay in the output directory and are linked relatively.
+
+``inspect_page`` opens a page in headless Chromium and reports every <img> that did not load, the parts in the
+order the browser lays them out and anything wider than the window; ``screenshot`` saves the whole page as a
+PNG. benchmarks/check_report.py is their command-line form.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,9 +43,11 @@ import typer
 from ssmlm import checks
 
 NAME = "report"
-FIGURE = "the run report: every figure and table that applies"
+FIGURE = "an account of each run"
 MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome", "headless_shell")
+PARTS = ("summary", "training", "objectives", "evaluation", "analyses", "recipe")  # a run's parts, in page order
+MAX_ROWS = 30  # rows of any one table on the page
 
 
 def command(
@@ -39,165 +56,289 @@ def command(
         str | None,
         typer.Option("--out", metavar="DIR", help="Output directory of index.html (default: FIRST_RUN/analysis)."),
     ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ):
-    """Write one self-contained HTML page for one or more runs (the run report: every figure and table that applies).
+    """Write one self-contained HTML page for one or more runs: an account of each run (summary, training,
+    objectives, evaluations, every analysis that applies, the recipe).
 
-    One section per run: the recipe, loss and tokens/s curves, the evaluation results (RUN/eval/*.json) and every
-    analysis that applies to it; images are embedded, so index.html stands alone. With several runs, each
-    run's analysis files go to DIR/RUN_NAME.
+    Per run: what was trained, on what data and for how long, the headline numbers and the loss curve first;
+    then throughput, a language model's loss per objective configuration, the evaluation results (RUN/eval/*.json)
+    and every analysis that applies to it. With several runs the page starts with a table comparing them and the
+    figures that need several runs (BiGS Figure 5); each run's files go to DIR/RUN_NAME. Images are embedded,
+    so index.html stands alone.
     Example: ssmlm analyze report --ckpt runs/gmlp_base --ckpt runs/bigs_128
     """
     for c in ckpt:
         checks.run_dir(c, "--ckpt")
-    result = build_report([Path(c) for c in ckpt], Path(out) if out else Path(ckpt[0]) / "analysis")
+    result = build_report([Path(c) for c in ckpt], Path(out) if out else Path(ckpt[0]) / "analysis", quiet=quiet)
     typer.echo(json.dumps(result, indent=2))
 
 
 # ----------------------------------------------------------------------------- the page
 
 
-def build_report(run_dirs: list[Path], out_dir: Path) -> dict:
+def build_report(run_dirs: list[Path], out_dir: Path, quiet: bool = True) -> dict:
     """Write out_dir/index.html for the runs; one run's files go to out_dir, several runs' to out_dir/NAME."""
+    from ssmlm.analyze import registry
+    from ssmlm.progress import progress_bar
     from ssmlm.runs import open_run
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [open_run(d) for d in run_dirs]
     names = _unique_names(run_dirs)
-    sections, summary = [], []
-    for i, (d, name) in enumerate(zip(run_dirs, names, strict=True)):
-        run = open_run(d)
-        run_out = out_dir if len(run_dirs) == 1 else out_dir / name
-        run_out.mkdir(parents=True, exist_ok=True)
-        body, info = _run_section(run, name, f"run-{i}", run_out, out_dir)
-        sections.append(body)
-        summary.append({"run": str(d), **info})
+    analyses = {k: m for k, m in registry().items() if m is not sys.modules[__name__]}
+    across = {k: m for k, m in analyses.items() if callable(getattr(m, "for_report_runs", None))}
+    total = len(runs) * (4 + len(analyses)) + (len(across) if len(runs) > 1 else 0)
+    with progress_bar(quiet) as bar:
+        task = bar.add_task("report", total=total)
+
+        def step(label: str) -> None:  # a part is about to be built: say which
+            bar.update(task, description=f"report: {label}")
+
+        def done() -> None:
+            bar.advance(task)
+
+        progress = (step, done)
+        top, across_info = _overview(runs, names, across, out_dir, progress) if len(runs) > 1 else ("", {})
+        sections, summary = [], []
+        for i, (run, name) in enumerate(zip(runs, names, strict=True)):
+            run_out = out_dir if len(runs) == 1 else out_dir / name
+            run_out.mkdir(parents=True, exist_ok=True)
+            body, info = _run_section(run, name, f"run-{i}", run_out, out_dir, analyses, progress, len(runs))
+            sections.append(body)
+            summary.append({"run": str(run.dir), **info})
     page = out_dir / "index.html"
     nav = "".join(f'<li><a href="#run-{i}">{_e(n)}</a></li>' for i, n in enumerate(names))
     page.write_text(
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>ssmlm report: {_e(', '.join(names))}</title><style>{CSS}</style></head><body>"
-        f"<h1>ssmlm report</h1><p class='meta'>{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"ssmlm {_version()}</p><ul class='nav'>{nav}</ul>" + "".join(sections) + "</body></html>\n",
+        f"<h1>ssmlm report: {_e(', '.join(names))}</h1><p class='meta'>written "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by ssmlm {_version()}</p>"
+        + (f"<ul class='nav'>{nav}</ul>" if len(names) > 1 else "")
+        + top
+        + "".join(sections)
+        + "</body></html>\n",
         encoding="utf-8",
     )
-    return {"page": str(page), "runs": summary}
+    return {"page": str(page), "runs": summary, **({"across_runs": across_info} if across_info else {})}
 
 
-def _run_section(run, name: str, anchor: str, run_out: Path, page_dir: Path) -> tuple[str, dict]:
-    """One run's part of the page, and what it found (for the printed summary)."""
-    parts = [f"<section id='{anchor}'><h2>{_e(name)}</h2><p class='meta'>{_e(str(run.dir))}</p>"]
-    parts.append(_guard("overview", lambda: _facts(run)))
-    recipe = (run.dir / "recipe.yaml").read_text(encoding="utf-8", errors="replace")
-    parts.append(f"<details><summary>recipe.yaml</summary><pre>{_e(recipe)}</pre></details>")
-    parts.append("<h3>Training curves</h3>" + _guard("training curves", lambda: _curves(run.dir, run_out)))
-    parts.append("<h3>Evaluation</h3>" + _guard("evaluation results", lambda: _evaluations(run.dir)))
+def _overview(runs, names, across: dict, out_dir: Path, progress) -> tuple[str, dict]:
+    """The top of a page of several runs: one row per run, then the figures that need several runs."""
+    from ssmlm.analyze.run_summary import FAMILY_NAMES, facts, human
 
-    applied, not_applicable, no_hook, errors = {}, [], [], {}
-    blocks = []
-    from ssmlm.analyze import registry
+    step, done = progress
+    rows = []
+    for run, name in zip(runs, names, strict=True):
+        f = facts(run)
+        loss = next((v for k, v in f["headline"] if k.startswith("training loss")), None)
+        arch = run.recipe.model.arch
+        model = FAMILY_NAMES.get(arch, arch) + (f", {human(f['params']['total'])} parameters" if f["params"] else "")
+        rows.append([name, model, f.get("objective") or f.get("task"), f["steps"], f["tokens"].split(" (")[0],
+                     f.get("wall time", "–"), round(loss, 4) if loss is not None else "–"])  # fmt: skip
+    parts = ["<section id='runs'><h2 data-part='runs'>Runs compared</h2>",
+             _grid(["run", "model", "objective / task", "steps", "tokens", "wall time", "final training loss"],
+                   rows)]  # fmt: skip
+    blocks, info = [], {}
+    for key, module in across.items():
+        step(f"across runs: {key}")
+        try:
+            result = module.for_report_runs(runs, out_dir / "across")
+            if result is not None:
+                blocks.append(_analysis_block(key, result, out_dir))
+                info[key] = [str(p) for p in result.get("images") or []]
+        except Exception as e:  # one analysis failing must not sink the page
+            info[key] = _error_line(e)
+            blocks.append(f"<div class='analysis'><h4>{_e(key)}</h4><p class='error'>{_e(info[key])}</p></div>")
+        done()
+    if blocks:
+        parts.append("<h3 data-part='across'>Across runs</h3>" + "".join(blocks))
+    parts.append("</section>")
+    return "".join(parts), info
 
-    for key, module in registry().items():
-        if module is sys.modules[__name__]:
-            continue
+
+def _part(anchor: str, key: str, title: str) -> str:
+    return f"<h3 id='{anchor}-{key}' data-part='{key}'>{_e(title)}</h3>"
+
+
+def _run_section(run, name: str, anchor: str, run_out: Path, page_dir: Path, analyses: dict, progress, runs: int):
+    """One run's part of the page (``runs``: how many the page has), and what it found (for the printed summary)."""
+    step, done = progress
+    parts = [f"<section class='run' id='{anchor}'><h2>{_e(name)}</h2><p class='meta'>{_e(str(run.dir))}</p>"]
+    step(f"{name}: summary")
+    parts.append(_part(anchor, "summary", "Summary") + _guard("summary", lambda: _summary(run, run_out)))
+    done()
+    step(f"{name}: training curves")
+    parts.append(_part(anchor, "training", "Training") + _guard("training curves", lambda: _training(run, run_out)))
+    done()
+    applied, not_applicable, no_hook, several, errors = {}, [], [], [], {}
+    hooked = {"objectives": [], "analyses": []}
+    step(f"{name}: objective losses")
+    objectives = _guard("objective losses", lambda: _objective_losses(run, run_out, page_dir))
+    done()
+    for key, module in analyses.items():
         hook = getattr(module, "for_report", None)
-        if hook is None:
-            no_hook.append(key)
+        if hook is None or getattr(module, "REPORT_ACROSS_RUNS_ONLY", False):
+            (several if hasattr(module, "for_report_runs") else no_hook).append(key)
+            done()
             continue
+        step(f"{name}: {key}")
         try:
             result = hook(run, run_out)
             if result is None:
                 not_applicable.append(key)
-                continue
-            blocks.append(_analysis_block(key, result, page_dir))
-            applied[key] = [str(p) for p in result.get("images") or []]
+            else:
+                hooked[getattr(module, "REPORT_PART", "analyses")].append(_analysis_block(key, result, page_dir))
+                applied[key] = [str(p) for p in result.get("images") or []]
         except Exception as e:  # one analysis failing must not sink the page
             errors[key] = _error_line(e)
-            blocks.append(f"<div class='analysis'><h4>{_e(key)}</h4><p class='error'>{_e(errors[key])}</p></div>")
-    parts.append("<h3>Analyses</h3>" + ("".join(blocks) or "<p>None applies to this run.</p>"))
-    if not_applicable:
-        parts.append(f"<p class='meta'>Not applicable to this run: {_e(', '.join(not_applicable))}</p>")
-    if no_hook:
-        parts.append(f"<p class='meta'>Without a report entry (run them by hand): {_e(', '.join(no_hook))}</p>")
-    parts.append("</section>")
-    info = {"analyses": applied, "not_applicable": not_applicable, "no_report_entry": no_hook, "errors": errors}
+            block = f"<div class='analysis'><h4>{_e(key)}</h4><p class='error'>{_e(errors[key])}</p></div>"
+            hooked[getattr(module, "REPORT_PART", "analyses")].append(block)
+        done()
+    if objectives or hooked["objectives"]:
+        parts.append(_part(anchor, "objectives", "Objectives") + objectives + "".join(hooked["objectives"]))
+    step(f"{name}: evaluation results")
+    evaluations = _guard("evaluation results", lambda: _evaluations(run.dir))
+    parts.append(_part(anchor, "evaluation", "Evaluation") + evaluations)
+    done()
+    none = "<p>None of the paper analyses applies to this run.</p>"
+    parts.append(_part(anchor, "analyses", "Analyses") + ("".join(hooked["analyses"]) or none))
+    for label, keys in (("Not applicable to this run", not_applicable),
+                        ("Drawn only across several runs" + (" (at the top)" if runs > 1 else " (give more --ckpt)"),
+                         several),
+                        ("Without a report entry (run them by hand)", no_hook)):  # fmt: skip
+        if keys:
+            parts.append(f"<p class='meta'>{label}: {_e(', '.join(keys))}</p>")
+    recipe = (run.dir / "recipe.yaml").read_text(encoding="utf-8", errors="replace")
+    parts.append(_part(anchor, "recipe", "Recipe")
+                 + f"<details><summary>recipe.yaml</summary><pre>{_e(recipe)}</pre></details></section>")  # fmt: skip
+    info = {"analyses": applied, "not_applicable": not_applicable, "several_runs": several,
+            "no_report_entry": no_hook, "errors": errors}  # fmt: skip
     return "".join(parts), info
 
 
+def _summary(run, out: Path) -> str:
+    """A lead sentence, the facts and headline numbers beside the loss curve."""
+    from ssmlm.analyze.plots import plot_metrics
+    from ssmlm.analyze.run_summary import facts
+
+    f = facts(run)
+    lead = f"<p class='lead'>{_e(f['lead'])}</p>"
+    keys = ("model", "recipe", "objective", "task", "data", "steps", "tokens", "wall time")
+    table = _table([(k, f[k]) for k in keys if k in f], ("", ""))
+    numbers = _table(f["headline"], ("headline number", "value")) if f["headline"] else ""
+    curve = ""
+    if (run.dir / "metrics.jsonl").is_file() and any(k.startswith("training loss") for k, _ in f["headline"]):
+        curve = _img(plot_metrics(run.dir, out / "curve_loss.png"), "training and validation loss against step")
+    else:
+        curve = "<p class='meta'>No training log (metrics.jsonl) in this run.</p>"
+    return lead + f"<div class='cols'><div>{table}{numbers}</div><div>{curve}</div></div>"
+
+
+def _busy_steps(run, rows: list[dict]) -> set[int]:
+    """Steps after which the loop evaluated or saved a checkpoint (the next logged window includes that work)."""
+    from ssmlm.analyze.run_summary import validation_rows
+
+    every = run.recipe.train.checkpoint_every
+    last = max((r["step"] for r in rows), default=0)
+    saves = set(range(every, last + 1, every)) if every else set()
+    return {r["step"] for r in validation_rows(rows)} | saves
+
+
+def _training(run, out: Path) -> str:
+    """Throughput (real tokens/s) and learning rate against step. A logged window that includes compilation
+    (the first), an evaluation or a checkpoint save is drawn apart and left out of the median."""
+    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.run_summary import metric_rows, train_rows
+
+    rows = metric_rows(run.dir)
+    train = train_rows(rows)
+    fast = [r for r in train if "tokens_per_s" in r]
+    rates = [r for r in train if "lr" in r]
+    if not fast and not rates:
+        return "<p class='meta'>No throughput or learning rate in the training log.</p>"
+    busy = _busy_steps(run, rows)
+    steady, other = [], []
+    for k, r in enumerate(fast):
+        prev = fast[k - 1]["step"] if k else -1
+        (other if k == 0 or any(prev <= b < r["step"] for b in busy) else steady).append(r)
+    plt = _plt()
+    fig, (tp, lr) = plt.subplots(1, 2, figsize=(11, 3.4))
+    if steady:
+        tp.plot([r["step"] for r in steady], [r["tokens_per_s"] for r in steady], "o-", ms=3, label="training only")
+    if other:
+        tp.plot([r["step"] for r in other], [r["tokens_per_s"] for r in other], "o", ms=5, mfc="none", color="grey",
+                label="window with compilation,\nevaluation or a save")  # fmt: skip
+    if fast:
+        tp.set_ylim(bottom=0)
+        tp.legend(fontsize=7, loc="lower right")
+    tp.set_title("throughput (real tokens/s, all processes)", fontsize=10)
+    tp.set_xlabel("training step")
+    tp.set_ylabel("tokens / s")
+    if rates:
+        lr.plot([r["step"] for r in rates], [r["lr"] for r in rates], "-", color="tab:purple")
+    lr.set_title("learning rate", fontsize=10)
+    lr.set_xlabel("training step")
+    lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in (tp, lr):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png = save_figure(fig, out / "curve_throughput.png", svg=False)
+    tps = sorted(r["tokens_per_s"] for r in steady)
+    median = (f"<p>Median throughput over the {len(tps)} logged windows of training alone: "
+              f"{tps[len(tps) // 2]:,.0f} tokens/s.</p>" if tps else "")  # fmt: skip
+    return median + _img(png, "throughput and learning rate against step")
+
+
+def _objective_losses(run, out: Path, page_dir: Path) -> str:
+    """The validation loss per objective class (table and figure) and per configuration (figure, collapsed)."""
+    from ssmlm.analyze.objective_losses import objective_losses
+
+    r = objective_losses(run, out)
+    if r is None:
+        return ""
+    rows = [[t["class"].replace("_", " "), t["n"], round(t["first"], 3), round(t["last"], 3),
+             f"{t['lowest'][0]}: {t['lowest'][1]:.3f}" if t["n"] > 1 else "–",
+             f"{t['highest'][0]}: {t['highest'][1]:.3f}" if t["n"] > 1 else "–"]
+            for t in r["table"]]  # fmt: skip
+    steps = r["steps"]
+    left = r["grid"] - len(r["names"])
+    intro = (f"<p>Validation loss of each of the {len(r['names'])} objective configurations the run evaluated"
+             + (f" ({left} of the mixture's {r['grid']} cannot make a sample in a row and were left out)" if left > 0
+                else "")
+             + f", at {len(steps)} evaluations (steps {steps[0]:,}–{steps[-1]:,}); names from {_e(r['names_from'])}."
+             "</p>")  # fmt: skip
+    table = _grid(["objective class", "configurations", f"mean loss, step {steps[0]:,}",
+                   f"mean loss, step {steps[-1]:,}", "lowest at the end", "highest at the end"], rows)  # fmt: skip
+    by_class, every = (Path(p) for p in r["images"])
+    links = ", ".join(f"<a href='{_e(_rel(Path(p), page_dir))}'>{_e(Path(p).name)}</a>" for p in r["data"])
+    return (f"<div class='analysis'><h4>Loss per objective class</h4>{intro}{table}"
+            + _img(by_class, "mean validation loss per class at each evaluation (n: configurations in the class)")
+            + f"<details><summary>every configuration, by name ({len(r['names'])})</summary>"
+            + _img(every, "validation loss of every configuration at each evaluation") + "</details>"
+            + f"<p class='meta'>Data: {links}</p></div>")  # fmt: skip
+
+
 def _analysis_block(key: str, result: dict, page_dir: Path) -> str:
-    """An analysis's for_report result as HTML: title, figure, embedded images, numbers, linked data files."""
+    """An analysis's report result as HTML: title, figure, note, embedded images, tables, linked data files."""
     title = result.get("title") or key
     figure = result.get("figure") or ""
-    imgs = "".join(
-        f"<figure><img alt='{_e(Path(p).name)}' src='{data_uri(Path(p))}'><figcaption>{_e(Path(p).name)}"
-        "</figcaption></figure>"
-        for p in result.get("images") or []
-    )
+    note = f"<p class='note'>{_e(result['note'])}</p>" if result.get("note") else ""
+    imgs = "".join(_img(Path(p), Path(p).name) for p in result.get("images") or [])
     numbers = result.get("numbers") or {}
-    table = _table(numbers.items(), ("quantity", "value")) if numbers else ""
+    grid = result.get("table")  # when given, it shows the numbers (which stay for programmatic use)
+    if grid:
+        table = _grid(grid["columns"], grid["rows"])
+    else:
+        table = _table(numbers.items(), ("quantity", "value")) if numbers else ""
     data = [Path(p) for p in result.get("data") or []]
     links = ", ".join(f"<a href='{_e(_rel(p, page_dir))}'>{_e(p.name)}</a>" for p in data)
     return (
         f"<div class='analysis'><h4>{_e(title)} <span class='fig'>{_e(figure)}</span> "
-        f"<code>ssmlm analyze {_e(key)}</code></h4>{imgs}{table}"
+        f"<code>ssmlm analyze {_e(key)}</code></h4>{note}{imgs}{table}"
         + (f"<p class='meta'>Data: {links}</p>" if links else "")
         + "</div>"
     )
-
-
-def _facts(run) -> str:
-    """A small table of what the run is: kind, model, last logged step, loss and throughput."""
-    rows = _metric_rows(run.dir)
-    train = [r for r in rows if "loss" in r and "split" not in r]
-    facts = {"kind": run.kind, "architecture": run.recipe.model.arch, "objective": run.recipe.objective.kind}
-    if train:
-        facts["last logged step"] = train[-1]["step"]
-        facts["last train loss"] = train[-1]["loss"]
-        tps = sorted(r["tokens_per_s"] for r in train[1:] if "tokens_per_s" in r)  # first window: compiling
-        if tps:
-            facts["median tokens/s (after the first log)"] = tps[len(tps) // 2]
-    summary = run.dir / "summary.json"
-    if summary.is_file():
-        s = json.loads(summary.read_text())
-        for k in ("final_step", "seconds", "fill_rate"):
-            if isinstance(s.get(k), int | float):
-                facts[f"summary: {k}"] = s[k]
-        for k, v in (s.get("validation") or {}).items():
-            if isinstance(v, int | float):
-                facts[f"summary: validation {k}"] = v
-    return _table(facts.items(), ("", ""))
-
-
-def _metric_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def _curves(run_dir: Path, out: Path) -> str:
-    """Loss against step (train and validation, ssmlm.analyze.plots.plot_metrics) and tokens/s against step."""
-    from ssmlm.analyze.plots import _plt, plot_metrics
-
-    rows = _metric_rows(run_dir)
-    train = [r for r in rows if "loss" in r and "split" not in r]
-    if not train:
-        return "<p class='meta'>No training log (metrics.jsonl) in this run.</p>"
-    html_ = [_img(plot_metrics(run_dir, out / "curve_loss.png"), "training and validation loss against step")]
-    fast = [r for r in train if "tokens_per_s" in r]
-    if fast:
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot([r["step"] for r in fast], [r["tokens_per_s"] for r in fast], "o-", ms=3)
-        ax.set_xlabel("step")
-        ax.set_ylabel("tokens / s (real tokens, all processes)")
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{run_dir.name}: training throughput (the first window includes compilation)")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        png = out / "curve_throughput.png"
-        fig.savefig(png, dpi=110)
-        plt.close(fig)
-        html_.append(_img(png, "training throughput (tokens/s) against step"))
-    return "".join(html_)
 
 
 def _evaluations(run_dir: Path) -> str:
@@ -237,13 +378,32 @@ def data_uri(path: Path) -> str:
 
 
 def _img(path: Path, caption: str) -> str:
-    return f"<figure><img alt='{_e(caption)}' src='{data_uri(path)}'><figcaption>{_e(caption)}</figcaption></figure>"
+    return (f"<figure><img alt='{_e(caption)}' data-file='{_e(path.name)}' src='{data_uri(path)}'>"
+            f"<figcaption>{_e(caption)}</figcaption></figure>")  # fmt: skip
 
 
 def _table(rows, header: tuple[str, str]) -> str:
-    head = f"<tr><th>{_e(header[0])}</th><th>{_e(header[1])}</th></tr>" if any(header) else ""
-    body = "".join(f"<tr><td>{_e(str(k))}</td><td class='num'>{_e(_fmt(v))}</td></tr>" for k, v in rows)
+    """A two-column table (name, value)."""
+    return _grid(list(header) if any(header) else [], [[k, v] for k, v in rows])
+
+
+def _grid(columns: list[str], rows: list[list]) -> str:
+    """A table of at most MAX_ROWS rows: the rest are counted in a last row (the linked CSV holds them)."""
+    head = "<tr>" + "".join(f"<th>{_e(str(c))}</th>" for c in columns) + "</tr>" if columns else ""
+    shown = rows if len(rows) <= MAX_ROWS else rows[: MAX_ROWS - 1]
+    body = "".join("<tr>" + "".join(f"<td{_num_class(v)}>{_e(_fmt(v))}</td>" for v in row) + "</tr>" for row in shown)
+    if len(shown) < len(rows):
+        body += f"<tr><td colspan='{max(len(columns), 2)}' class='meta'>… {len(rows) - len(shown)} more rows</td></tr>"
     return f"<table>{head}{body}</table>"
+
+
+NUMBER = re.compile(r"[-+]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?%?|–")
+
+
+def _num_class(v) -> str:
+    """Numbers, and text that is one number, align right."""
+    number = isinstance(v, int | float) and not isinstance(v, bool) or isinstance(v, str) and NUMBER.fullmatch(v)
+    return " class='num'" if number else ""
 
 
 def _fmt(v) -> str:
@@ -266,7 +426,7 @@ def _error_line(e: BaseException) -> str:
 
 
 def _e(text: str) -> str:
-    return html.escape(text, quote=True)
+    return html.escape(str(text), quote=True)
 
 
 def _rel(path: Path, start: Path) -> str:
@@ -291,17 +451,21 @@ def _version() -> str:
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222}
-h1{margin-bottom:0}h2{border-bottom:2px solid #ccc;margin-top:2em}h3{margin-top:1.5em}
+h1{margin-bottom:0;font-size:24px}h2{border-bottom:2px solid #ccc;margin-top:1.6em}
+h3{margin-top:1.4em;color:#345}h4{margin:.3em 0}
 .meta{color:#666}.error{color:#b00;font-family:monospace}.fig{color:#666;font-weight:normal}
+.lead{font-size:15px}.note{background:#fff8e5;border-left:3px solid #e0b040;padding:.3em .6em}
 .nav{columns:3}figure{margin:.5em 0}img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#666;font-size:12px}table{border-collapse:collapse;margin:.4em 0}
-td,th{border:1px solid #ddd;padding:2px 8px;text-align:left}td.num{text-align:right;font-family:monospace}
+td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}td:first-child{white-space:nowrap}
+td.num{text-align:right;font-family:monospace}th{background:#f4f6f8}
 pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:12px}summary{cursor:pointer;font-weight:600}
 .analysis{border-left:3px solid #8ab;padding-left:.8em;margin:1em 0}code{font-size:12px}
+.cols{display:flex;gap:1.5em;align-items:flex-start;flex-wrap:wrap}.cols>div{flex:1 1 420px;min-width:0}
 """
 
 
-# ----------------------------------------------------------------------------- browser check
+# ----------------------------------------------------------------------------- the page in a browser
 
 
 def find_browser() -> str | None:
@@ -311,24 +475,38 @@ def find_browser() -> str | None:
     return next((p for p in map(shutil.which, BROWSERS) if p), None)
 
 
-CHECK_SCRIPT = """<script>
+INSPECT_SCRIPT = """<script>
 window.addEventListener('load', function () {
   var imgs = Array.prototype.slice.call(document.images);
   var broken = imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); })
                    .map(function (i) { return i.alt || i.src.slice(0, 60); });
+  var parts = Array.prototype.slice.call(document.querySelectorAll('[data-part]'))
+                   .map(function (h) { return {part: h.dataset.part, id: h.id, top: h.getBoundingClientRect().top}; });
+  var wide = Array.prototype.slice.call(document.querySelectorAll('body *'))
+                  .filter(function (e) { return e.getBoundingClientRect().right > window.innerWidth + 1; })
+                  .map(function (e) { return e.tagName.toLowerCase() + (e.id ? '#' + e.id : ''); });
   var p = document.createElement('pre');
-  p.id = 'ssmlm-image-check';
-  p.textContent = JSON.stringify({images: imgs.length, broken: broken});
+  p.id = 'ssmlm-page-check';
+  p.textContent = JSON.stringify({images: imgs.length, broken: broken, parts: parts, too_wide: wide,
+                                  height: document.documentElement.scrollHeight});
   document.body.appendChild(p);
 });
 </script>"""
 
 
-def check_images(page: Path, browser: str | None = None, timeout: float = 120) -> dict:
-    """Open ``page`` in headless Chromium and return {"images": N, "broken": [alt of each image with
-    naturalWidth 0]}. The page itself carries no script: a copy with a checking script is what is opened."""
-    import re
+def _chromium(browser: str, profile: str, *args: str, timeout: float):
     import subprocess
+
+    cmd = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-dev-shm-usage",
+           "--hide-scrollbars", f"--user-data-dir={profile}", *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def inspect_page(page: Path, browser: str | None = None, width: int = 1280, timeout: float = 120) -> dict:
+    """Open ``page`` in headless Chromium at ``width`` px and return {"images": N, "broken": [alt of each image
+    with naturalWidth 0], "parts": [{"part", "id", "top"} of every heading with data-part, in document order],
+    "too_wide": [elements reaching past the window's right edge], "height": page height in px}. The page itself
+    carries no script: a copy with an inspecting script is what is opened."""
     import tempfile
 
     browser = browser or find_browser()
@@ -337,14 +515,35 @@ def check_images(page: Path, browser: str | None = None, timeout: float = 120) -
     text = Path(page).read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="ssmlm-report-check-") as tmp:
         copy = Path(tmp) / "page.html"
-        copy.write_text(text.replace("</body>", CHECK_SCRIPT + "</body>", 1), encoding="utf-8")
-        args = [
-            browser, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-dev-shm-usage",
-            f"--user-data-dir={tmp}/profile", "--virtual-time-budget=5000", "--dump-dom", copy.as_uri(),
-        ]  # fmt: skip
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    found = re.search(r'<pre id="ssmlm-image-check">(.*?)</pre>', proc.stdout, re.S)
+        copy.write_text(text.replace("</body>", INSPECT_SCRIPT + "</body>", 1), encoding="utf-8")
+        proc = _chromium(browser, f"{tmp}/profile", f"--window-size={width},900", "--virtual-time-budget=5000",
+                         "--dump-dom", copy.as_uri(), timeout=timeout)  # fmt: skip
+    found = re.search(r'<pre id="ssmlm-page-check">(.*?)</pre>', proc.stdout, re.S)
     if not found:
         tail = (proc.stderr or "").strip().splitlines()[-3:]
         raise RuntimeError(f"{browser} did not run the check on {page} (exit {proc.returncode}): {' | '.join(tail)}")
     return json.loads(html.unescape(found.group(1)))
+
+
+def check_images(page: Path, browser: str | None = None, timeout: float = 120) -> dict:
+    """{"images": N, "broken": [...]} of ``inspect_page``."""
+    found = inspect_page(page, browser, timeout=timeout)
+    return {"images": found["images"], "broken": found["broken"]}
+
+
+def screenshot(page: Path, png: Path, browser: str | None = None, width: int = 1280, timeout: float = 180) -> dict:
+    """Save the whole page (its full height, at ``width`` px) as ``png``, as a person sees it in Chromium; returns
+    ``inspect_page``'s findings with "screenshot": the PNG's path."""
+    import tempfile
+
+    browser = browser or find_browser()
+    found = inspect_page(page, browser, width, timeout)
+    height = min(int(found["height"]) + 20, 60000)  # Chromium's own limit on one capture is far above this
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ssmlm-report-shot-") as tmp:
+        proc = _chromium(browser, f"{tmp}/profile", f"--window-size={width},{height}", f"--screenshot={png.resolve()}",
+                         Path(page).resolve().as_uri(), timeout=timeout)  # fmt: skip
+    if not png.is_file():
+        raise RuntimeError(f"{browser} wrote no screenshot of {page} (exit {proc.returncode})")
+    return {**found, "screenshot": str(png)}

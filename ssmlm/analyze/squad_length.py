@@ -88,14 +88,18 @@ def plot(table: list[dict], out: Path) -> Path:
     for ax, (metric, title) in zip(axes, (("contains", "Answer Contains Label (%)"), ("f1", "F1 (%)")), strict=True):
         for run in dict.fromkeys(r["run"] for r in table):
             mine = [r for r in table if r["run"] == run]
-            ax.plot([x[r["bin"]] for r in mine], [r[metric] for r in mine], "o-", label=run)
+            (line,) = ax.plot([x[r["bin"]] for r in mine], [r[metric] for r in mine], "o-", label=run)
+            for r in mine:  # the questions behind each point
+                if r.get("n") is not None and r[metric] is not None:
+                    ax.annotate(f"n={r['n']}", (x[r["bin"]], r[metric]), textcoords="offset points", xytext=(0, 5),
+                                ha="center", fontsize=7, color=line.get_color())  # fmt: skip
         ax.set_xticks(range(len(bins)), [label for _, label in bins], rotation=30)
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle("SQuAD v2, answerable questions, by context length")
+    fig.suptitle("SQuAD v2, answerable questions, by context length (n: questions per point)")
     fig.tight_layout()
     save_figure(fig, out)
     return out

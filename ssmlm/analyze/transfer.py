@@ -29,6 +29,7 @@ from ssmlm.errors import UserError
 
 NAME = "transfer"
 FIGURE = "BiGS Figure 5"
+REPORT_ACROSS_RUNS_ONLY = True  # the report draws Figure 5 across several runs only (for_report_runs)
 COLUMNS = ("run", "task", "metric", "score", "score_from", "source", "arch", "step", "loss_name", "loss", "loss_from")
 # BERT model-size ablation (Devlin et al. 2018, Table 6): masked-LM perplexity on held-out training data and
 # MNLI-m dev accuracy of BERT with 3-24 layers; Figure 5 of the BiGS paper draws these as its BERT reference.
@@ -206,7 +207,7 @@ def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
     tasks = {str(r["task"]) for r in table}
     ax.set_xlabel(f"pretraining validation {' / '.join(sorted(losses))} (nats per predicted token)")
     ax.set_ylabel(f"{' / '.join(sorted(metrics))} on {' / '.join(sorted(tasks))} (validation split)")
-    ax.set_title("Downstream score against pretraining loss")
+    ax.set_title(f"Downstream score against pretraining loss (n = {len(table)} runs)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -215,7 +216,9 @@ def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
 
 
 def for_report(run, out_dir: Path) -> dict | None:
-    """Figure 5's point for a finetuned run whose source pretraining run has a validation loss; None otherwise."""
+    """Figure 5's point for a finetuned run whose source pretraining run has a validation loss; None otherwise.
+    The report does not draw it for one run (REPORT_ACROSS_RUNS_ONLY): one point says nothing about loss
+    against score; it draws ``for_report_runs`` when two or more runs have a point."""
     if run.kind != "finetune" or not run.info.get("source"):
         return None
     try:
@@ -230,4 +233,34 @@ def for_report(run, out_dir: Path) -> dict | None:
         "images": [result["plot"]],
         "data": [result["data"]],
         "numbers": {k: v for k, v in p.items()},
+    }
+
+
+def for_report_runs(runs: list, out_dir: Path) -> dict | None:
+    """The report's entry across runs: Figure 5 when two or more of the runs are finetuned runs with a score
+    whose source run has a validation loss (one point says nothing about loss against score); None otherwise."""
+    found = []
+    for run in runs:
+        if run.kind != "finetune" or not run.info.get("source"):
+            continue
+        try:
+            source_of(run)
+            point(run.dir)
+        except UserError:  # no loss or no score recorded: nothing to place on the figure
+            continue
+        found.append(run.dir)
+    if len(found) < 2:
+        return None
+    result = analyze_transfer(found, out_dir)
+    rows = [[name, p["arch"], *(round(v, 4) if isinstance(v, float) else v for k, v in p.items() if k != "arch")]
+            for name, p in result["points"].items()]  # fmt: skip
+    keys = {tuple(k for k in p if k != "arch") for p in result["points"].values()}  # (loss name, metric) per run
+    loss, metric = next(iter(keys)) if len(keys) == 1 else ("validation loss", "score")
+    names = [f"source's {loss}", metric]
+    return {
+        "title": f"Downstream score against pretraining loss (n = {len(found)} finetuned runs)",
+        "figure": FIGURE,
+        "images": [result["plot"]],
+        "data": [result["data"]],
+        "table": {"columns": ["run", "arch", *names], "rows": rows},
     }
