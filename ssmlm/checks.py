@@ -74,6 +74,27 @@ class Relation:
     expected: Callable[[Any], str]
 
 
+LM_MIN_ROW = 8  # tokens per row of a language model, whatever its objective (as SEQ_LEN's 8 for the encoders)
+# the row-length fields: checked by SEQ_LEN for the encoders (room for [CLS], [SEP] and text) and by the
+# language-model relations in RELATIONS for the language models (room for a packed sample)
+ROW_LENGTH = ("model.max_seq_length", "data.max_seq_length")
+
+
+def _lm_shortest_row(r) -> int:
+    return max(LM_MIN_ROW, r.objective.min_sample_space)
+
+
+def _lm_row_expected(r) -> str:
+    """What a language model's row length must be: a row takes a sample only while objective.min_sample_space
+    slots are left, so a shorter row never holds one."""
+    if r.objective.min_sample_space <= LM_MIN_ROW:
+        return f"at least {LM_MIN_ROW} tokens per row"
+    return (
+        f"at least objective.min_sample_space = {r.objective.min_sample_space} (a row takes a sample only while "
+        "that much room is left; lower objective.min_sample_space for shorter rows)"
+    )
+
+
 def _micro_ways(r) -> int:
     """Ways the micro-batch is split over fixed mesh axes (-1 axes are only known once devices are)."""
     return max(r.mesh.data, 1) * max(r.mesh.fsdp, 1)
@@ -132,6 +153,19 @@ RELATIONS: list[Relation] = [
         lambda r: r.data.max_seq_length <= r.model.max_seq_length,
         lambda r: f"at most model.max_seq_length = {r.model.max_seq_length}",
     ),
+    # a language model's row holds packed objective samples, not [CLS] text [SEP]: its row length has its own rule
+    Relation(
+        ("model.max_seq_length", "objective.min_sample_space"),
+        lambda r: is_lm(r.model.arch),
+        lambda r: r.model.max_seq_length >= (LM_MIN_ROW if r.data.max_seq_length else _lm_shortest_row(r)),
+        lambda r: f"at least {LM_MIN_ROW} tokens per row" if r.data.max_seq_length else _lm_row_expected(r),
+    ),
+    Relation(
+        ("data.max_seq_length", "objective.min_sample_space"),
+        lambda r: is_lm(r.model.arch) and r.data.max_seq_length is not None,
+        lambda r: r.data.max_seq_length >= _lm_shortest_row(r),
+        _lm_row_expected,
+    ),
     Relation(
         ("objective.controller.top_n", "objective.controller.proposals"),
         lambda r: True,
@@ -186,7 +220,10 @@ def _where(source, dotted: str) -> str:
 def validate(recipe, source: str = "recipe") -> None:
     """Raise a RecipeError for the first field outside its range or relation that does not hold.
     ``source`` is the recipe file, or the loader's Origins (which file or --set set each key)."""
+    lm = is_lm(recipe.model.arch)
     for field, rule in FIELDS.items():
+        if lm and field in ROW_LENGTH:
+            continue  # the language-model relations below say it in a language model's terms
         for key, value in _items(recipe, field):
             if value is not None and not rule.holds(value):
                 raise RecipeError(f"{_where(source, key)}: '{key}' = {value!r}: expected {rule.expected}")

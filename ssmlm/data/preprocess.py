@@ -24,10 +24,12 @@ Several hosts (``hosts=(index, count)``) each read the whole stream but tokenise
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
@@ -48,8 +50,8 @@ from ssmlm.data.tokenizer import (
     train_byte_bpe,
     train_wordpiece,
 )
-from ssmlm.errors import DataError, Interrupted
-from ssmlm.progress import progress_bar
+from ssmlm.errors import DataError, Interrupted, UserError
+from ssmlm.progress import console, progress_bar
 
 FORMAT_VERSION = 3  # 3: unmasked token shards, streamed (2: packing modes, fill_rate)
 SPLITS = ("train", "validation")
@@ -64,6 +66,7 @@ CHUNK_DOCUMENTS = 1 << 18  # bounds a chunk of many tiny documents (per-document
 # documents layout: a longer document (a novel in one .txt file) is cut into pieces of about this many
 # characters at paragraph breaks, so a corpus of a few long files still holds validation documents out
 PIECE_CHARS = 50_000
+FILL_WARN = 0.85  # rows less filled than this waste that much compute on padding: the run says so
 ENCODE_CHARS = 4 << 20  # text per encode_batch call: enough lines to keep every core busy, few MB of Encodings
 
 
@@ -174,8 +177,63 @@ def preprocess(
         raise DataError(f"preprocess hosts = {hosts}: expected (index, count) with 0 <= index < count")
     out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
     meta_path = out / "metadata.json"
-    if meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint:
-        return out
+    if not (meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint):
+        with _removed_if_refused(out):
+            _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents)
+            if host != 0:
+                return out
+            finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
+    note = packing_note(read_metadata(out))
+    if note and not quiet:
+        console.print(note, soft_wrap=True)
+    return out
+
+
+@contextlib.contextmanager
+def _removed_if_refused(out: Path):
+    """The output directory, if this call creates it, is removed again when the data is refused (a UserError:
+    nothing worth resuming, and a failed attempt should leave no cache behind); an interrupted or crashed run
+    keeps it, to resume at its first unfinished shard."""
+    created = not out.exists()
+    try:
+        yield
+    except Interrupted:
+        raise
+    except UserError:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def packing_note(meta: dict) -> str | None:
+    """One line when a row layout's training rows are less than FILL_WARN filled with text: how much of every row
+    is padding, and the packing that would fill them (None when they are full enough)."""
+    fill = meta.get("fill_rate")
+    if fill is None or fill >= FILL_WARN:
+        return None
+    packing, short = meta.get("packing", "fill"), meta.get("config", {}).get("short_seq_prob", 0.0)
+    head = f"[yellow]packing:[/] the training rows are {fill:.0%} text, {1 - fill:.0%} padding"
+    if packing == "full":
+        return (f"{head} (data.packing: full already: data.short_seq_prob = {short} draws that share of the rows "
+                "short, and the last row of every ~32 MB chunk is short)")  # fmt: skip
+    return (
+        f"{head} (data.packing: {packing} starts a row per document, and these documents are short); "
+        f"data.packing: full would fill them to about {full_fill(meta['max_seq_length'], short):.0%}, "
+        "running rows on across documents with a [SEP] between them"
+    )
+
+
+def full_fill(seq_len: int, short_seq_prob: float) -> float:
+    """The fill rate ``full`` packing reaches on a long corpus: a row holds its target length (``seq_len`` - 2,
+    or with probability ``short_seq_prob`` uniform in [2, seq_len - 2]) plus [CLS] and [SEP]."""
+    most = seq_len - 2
+    mean_target = (1 - short_seq_prob) * most + short_seq_prob * (2 + most) / 2
+    return (mean_target + 2) / seq_len
+
+
+def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents) -> None:
+    """Tokenise (and pack) this host's unfinished chunks into ``out``; the chunk count goes to shards/count.json."""
+    host, n_hosts = hosts
     for d in (out / "shards", *(out / s for s in SPLITS)):
         d.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(cfg, out, host)
@@ -217,9 +275,6 @@ def preprocess(
     if not n_chunks:
         raise DataError(f"data.source '{cfg.source}': holds no text")
     write_json_atomic(out / "shards" / "count.json", {"chunks": n_chunks})
-    if host != 0:
-        return out
-    return finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
 
 
 def _tokenizer(cfg: DataConfig, out: Path, host: int):

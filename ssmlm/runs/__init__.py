@@ -4,9 +4,12 @@ A run directory holds everything needed to continue from it or build on it:
   recipe.yaml     the resolved recipe (model.vocab_size filled in)
   run.json        kind, data directory, task, label names
   tokenizer.json  the tokenizer the run's ids refer to
-  metrics.jsonl   one JSON object per log step / evaluation
+  metrics.jsonl   one JSON object per log step / evaluation / controller update, cut back to the restored
+                  step on every start
   checkpoints/    Orbax checkpoints with their manifests (ssmlm.runs.checkpoint)
-  summary.json    written when the stage finishes
+  launches.json   every start of the run: its first and last step, the seconds it trained
+  summary.json    written when the stage finishes (launches and seconds_total: all its starts)
+  tensorboard/, wandb/   with train.trackers (ssmlm.train.trackers)
 
 This package sits below ssmlm.train (the loop writes through it) and above models, data and objectives
 (it rebuilds a run's model). It never imports train, analyze or cli.
@@ -104,26 +107,36 @@ def with_layout_of_older_runs(raw):
     return raw
 
 
+def refuse_other_recipe(run_dir: Path, recipe: Recipe, as_resolved=None) -> None:
+    """Raise if ``run_dir`` already holds a run of a different recipe. ``as_resolved(old, recipe)``: the recipe
+    as it will be once resolved, for a check made before the data and the source run are read (the driver's
+    early check takes what they would fill in from the old run)."""
+    rpath = run_dir / "recipe.yaml"
+    if not rpath.exists():
+        return
+    old = from_dict(Recipe, with_layout_of_older_runs(yaml.safe_load(rpath.read_text())), str(rpath))
+    if as_resolved is not None:
+        recipe = as_resolved(old, recipe)
+    # Stopping points and bookkeeping may change between attempts; what is trained may not.
+    same = lambda r: dataclasses.replace(  # noqa: E731
+        r,
+        mesh=MeshConfig(),  # a run may move to another device layout
+        train=dataclasses.replace(
+            r.train, log_every=0, eval_every=0, checkpoint_every=0, keep_checkpoints=0, out_dir="", trackers=[]
+        ),
+    )
+    if same(old) != same(recipe):
+        raise UserError(
+            f"{run_dir} already holds a run with a different recipe; pass --name to start a new run "
+            f"(differences: {_diff(old.to_dict(), recipe.to_dict())})"
+        )
+
+
 def prepare_run_dir(run_dir: Path, recipe: Recipe, info: dict) -> None:
     """Create the run directory, or check that an existing one was made by the same recipe."""
-    rpath = run_dir / "recipe.yaml"
-    if rpath.exists():
-        old = from_dict(Recipe, with_layout_of_older_runs(yaml.safe_load(rpath.read_text())), str(rpath))
-        # Stopping points and bookkeeping may change between attempts; what is trained may not.
-        same = lambda r: dataclasses.replace(  # noqa: E731
-            r,
-            mesh=MeshConfig(),  # a run may move to another device layout
-            train=dataclasses.replace(
-                r.train, log_every=0, eval_every=0, checkpoint_every=0, keep_checkpoints=0, out_dir=""
-            ),
-        )
-        if same(old) != same(recipe):
-            raise UserError(
-                f"{run_dir} already holds a run with a different recipe; pass --name to start a new run "
-                f"(differences: {_diff(old.to_dict(), recipe.to_dict())})"
-            )
+    refuse_other_recipe(run_dir, recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(rpath, recipe.to_yaml())
+    atomic_write(run_dir / "recipe.yaml", recipe.to_yaml())
     atomic_write(run_dir / "run.json", json.dumps(info, indent=2))
 
 

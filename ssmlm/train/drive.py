@@ -9,6 +9,7 @@ and by whether the model family is a language model (``ssmlm.models.is_lm``, the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import shutil
@@ -19,7 +20,15 @@ import jax
 
 from ssmlm.errors import UserError
 from ssmlm.recipe import Recipe
-from ssmlm.runs import Run, atomic_write, open_run, prepare_run_dir, removed_on_failure, sha256
+from ssmlm.runs import (
+    Run,
+    atomic_write,
+    open_run,
+    prepare_run_dir,
+    refuse_other_recipe,
+    removed_on_failure,
+    sha256,
+)
 from ssmlm.train import loop
 from ssmlm.train.mesh import barrier, check_batch, make_mesh, maybe_initialize_distributed
 from ssmlm.train.parts import architecture_only, best_validation, recipe_source
@@ -58,6 +67,34 @@ def source_run(recipe: Recipe, kind: str, init: str = "pretrained", quiet: bool 
     return open_run(recipe.train.init_from)
 
 
+# what finetuning fills into its recipe's task from the task's definition and the source run
+TASK_RESOLVED = ("max_seq_length", "num_labels", "text_fields", "label_field")
+
+
+def as_resolved(kind: str):
+    """(old recipe, recipe) -> the recipe with what the parts fill in from the data or the source run taken from
+    the old run's: its vocabulary size and, for a stage from a source run, the model, data and objective sections
+    (the source's) and the task's derived fields. What is left is the user's, comparable before any data work."""
+
+    def fill(old: Recipe, recipe: Recipe) -> Recipe:
+        recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, vocab_size=old.model.vocab_size))
+        if kind not in NEEDS_SOURCE:
+            return recipe
+        task = dataclasses.replace(recipe.task, **{f: getattr(old.task, f) for f in TASK_RESOLVED})
+        return dataclasses.replace(recipe, model=old.model, data=old.data, objective=old.objective, task=task)
+
+    return fill
+
+
+def early_checks(kind: str, recipe: Recipe, run_dir: Path) -> None:
+    """The checks that need no data, before any data work or log line: the run directory holds no run of another
+    recipe (checked again, whole, once the recipe is resolved), and the batch splits over the devices (the parts
+    resolve no train or mesh field). (The recipe's values, a language model's row length against its objective
+    included, were checked as it loaded: ssmlm.checks.)"""
+    refuse_other_recipe(run_dir, recipe, as_resolved(kind))  # every process reads it: all stop together
+    check_layout(recipe)
+
+
 def parts_for(kind: str, arch: str):
     """The parts module of ``kind`` of work on a model of ``arch`` (ssmlm.train.parts.*)."""
     from ssmlm.models import is_lm
@@ -78,14 +115,17 @@ def drive(
     maybe_initialize_distributed()
     # finetuning follows the source run's family; pretraining and extend-length the recipe's (and an extended
     # source must be of a family that extends too)
+    from ssmlm.train.trackers import check_available
+
+    check_available(recipe.train.trackers)  # a tracker's missing package, before any data work
     own = None if kind == "finetune" else parts_for(kind, recipe.model.arch)
+    early_checks(kind, recipe, run_dir)
     source = source_run(recipe, kind, init, quiet)
     of_source = parts_for(kind, source.recipe.model.arch) if source is not None else None
     parts = own or of_source
     work = parts.prepare(recipe, kind, source, quiet)
     if init == "random":  # the manifest says so; the source named is the architecture's (None: the recipe's)
         work.info.update(init="random", source=str(source.dir) if recipe.train.init_from else None)
-    check_layout(work.recipe)
     stage = work.stage
     stage.hooks = [*stage.hooks, *(hooks or [])]
     lead = jax.process_index() == 0

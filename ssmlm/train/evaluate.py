@@ -12,10 +12,39 @@ from ssmlm.data.preprocess import FORMAT_VERSION, preprocess, read_metadata
 from ssmlm.errors import UserError
 from ssmlm.evaluate.runner import predictions, run_eval
 from ssmlm.objectives.tasks import HEADS, prepare
+from ssmlm.progress import activity
 from ssmlm.runs import Run
 from ssmlm.train.parts.lm import lm_eval_data, lm_objective
 from ssmlm.train.parts.mlm import token_eval_data
 from ssmlm.train.parts.task import task_eval_data
+
+
+def check_task(run: Run, task) -> None:
+    """An encoder run asked for a task it cannot do refuses at once, before its model is loaded, with advice that
+    works: a language-model task names the recipes that make a language model; a task it has not been
+    finetuned on, the command that finetunes it."""
+    from ssmlm.data.tasks import TASKS
+    from ssmlm.models import is_lm
+    from ssmlm.train.lm_evaluate import LM_EVAL_TASKS
+
+    name = task.name if task is not None else None
+    if not name or is_lm(run.recipe.model.arch):
+        return
+    if name.startswith("lm-eval:") or (name in LM_EVAL_TASKS and name not in TASKS):
+        then = ", finetune it with `--task phonebook --recipe phonebook_tiny`" if name == "phonebook" else ""
+        raise UserError(
+            f"--task {name!r} is for language models, and {run.dir} is an encoder ({run.recipe.model.arch}): "
+            "pretrain a language model (e.g. `ssmlm pretrain birdie_gated_ssm` or clm_gated_ssm; `ssmlm recipes` "
+            f"lists them){then}, then evaluate that run"
+        )
+    if run.kind == "finetune":
+        return
+    if name not in TASKS and not (task.validation_file or task.data_dir):
+        raise UserError(f"--task {name!r}: unknown task (known: {', '.join(TASKS)})")
+    raise UserError(
+        f"{run.dir} is a pretraining run; finetune it on '{name}' first (`ssmlm finetune --ckpt {run.dir} "
+        f"--task {name}`), then evaluate the finetuned run"
+    )
 
 
 def evaluate(
@@ -25,7 +54,9 @@ def evaluate(
 
     With ``submission``, the split's predictions are also written in the GLUE leaderboard format.
     """
-    model, meta = run.load_model()
+    check_task(run, recipe_task)
+    with activity(f"loading {run.dir}"):
+        model, meta = run.load_model()
     result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
     if run.kind == "finetune":
         base = run.recipe.task
@@ -33,7 +64,8 @@ def evaluate(
         if task.name and task.name != base.name:
             raise UserError(f"{run.dir} was finetuned on '{run.info['task']}', not '{task.name}'")
         task = dataclasses.replace(task, max_seq_length=base.max_seq_length)
-        prep = prepare(task, run.tokenizer(), task.max_seq_length)
+        with activity(f"reading and tokenizing {task.name or 'the task'}"):
+            prep = prepare(task, run.tokenizer(), task.max_seq_length)
         if split not in prep.arrays:
             raise UserError(f"task {prep.definition.name} has no '{split}' split (has {list(prep.arrays)})")
         head = HEADS[run.info.get("head", "classify")]
@@ -51,8 +83,6 @@ def evaluate(
             path = write_glue_submission(name, preds.tolist(), submission, label_names=run.info.get("label_names"))
             result["submission"] = str(path)
     else:
-        if recipe_task is not None and recipe_task.name:
-            raise UserError(f"{run.dir} is a pretraining run; finetune it on '{recipe_task.name}' first")
         if not run.info.get("data_dir"):
             raise UserError(
                 f"{run.dir}: has no MLM data of its own (imported from {run.info.get('source')}); "

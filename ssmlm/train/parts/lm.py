@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ssmlm.data.preprocess import read_metadata
+from ssmlm.data.preprocess import FILL_WARN, read_metadata
 from ssmlm.errors import UserError
 from ssmlm.progress import console
 from ssmlm.recipe import Recipe
@@ -60,6 +60,32 @@ def _batches(objective, controller):
     return lambda step, state=None: objective.train_batch(step, None if state is None else controller.action(state))
 
 
+def left_out(dropped: list[str], total: int, seq_len: int) -> str:
+    """One short line on the configurations a dynamic mixture leaves out, counted by objective function."""
+    kinds = [name.split("(")[0] for name in dropped]
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+    return (f"[yellow]{len(dropped)} of the mixture's {total} configurations cannot make a sample in {seq_len} "
+            f"tokens and are left out[/] ({counts})")  # fmt: skip
+
+
+def row_fill(objective) -> float:
+    """The share of the first step's row slots that hold a sample (this process's rows, the mixture's start)."""
+    return float((objective.train_rows(0)["segment_ids"] > 0).mean())
+
+
+def packing_note(fill: float, recipe: Recipe) -> str | None:
+    """One line when the rows are less than FILL_WARN filled: what closes a row early, and what fills it."""
+    if fill >= FILL_WARN:
+        return None
+    obj = recipe.objective
+    spacing = f"; objective.spacing = {obj.spacing} pads between samples" if obj.spacing else ""
+    return (
+        f"[yellow]packing:[/] the rows are {fill:.0%} samples, {1 - fill:.0%} padding (a row is closed once fewer "
+        f"than objective.min_sample_space = {obj.min_sample_space} slots are left, or when 4 samples in a row do "
+        f"not fit{spacing}); a smaller objective.min_sample_space fills them"
+    )
+
+
 def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
     from ssmlm.models import build_lm, with_vocab
 
@@ -78,9 +104,12 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
     if eval_data is None and not quiet:
         console.print(f"[yellow]no validation: {no_val}")
     if objective.dropped and not quiet:
-        left = ", ".join(objective.dropped)
-        console.print(f"[yellow]{len(objective.dropped)} of the mixture's configurations cannot make a sample in "
-                      f"{seq_len} tokens and are left out:[/] {left}", soft_wrap=True)  # fmt: skip
+        console.print(
+            left_out(objective.dropped, len(objective.dropped) + len(objective.configs), seq_len), soft_wrap=True
+        )
+    fill = row_fill(objective)
+    if (note := packing_note(fill, recipe)) and not quiet:
+        console.print(note, soft_wrap=True)
     eval_steps = set(controller.eval_steps()) if controller is not None else set()
     stage = loop.Stage(
         kind="pretrain",
@@ -97,10 +126,11 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
             "data_fingerprint": meta["fingerprint"],
             "objective": f"lm/{objective.mixture}",
             "configs": [c.name for c in objective.configs],
+            "fill_rate": fill,  # slots holding a sample / slots, of the first step's rows
         },
         controller=controller,
         eval_at=eval_steps.__contains__ if eval_steps else None,
         predictions_per_row=None,  # the LM head is a dense layer at every position: counted with the rest
     )
     info = {"kind": "pretrain", "data_dir": str(data_dir), "source": None}
-    return Work(recipe, stage, info, data_dir / "tokenizer.json")
+    return Work(recipe, stage, info, data_dir / "tokenizer.json", summary={"fill_rate": fill})

@@ -16,7 +16,7 @@ import dataclasses
 import json
 
 from ssmlm.errors import UserError
-from ssmlm.progress import console
+from ssmlm.progress import activity, console
 from ssmlm.recipe import Recipe
 from ssmlm.runs import Run
 from ssmlm.train import loop
@@ -28,8 +28,8 @@ LM_TASKS = {
 }
 
 
-def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int) -> tuple[list[dict], list[dict]]:
-    """(training, validation) prompt/response pairs of the recipe's task."""
+def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int, quiet: bool = False) -> tuple[list[dict], list[dict]]:
+    """(training, validation) prompt/response pairs of the recipe's task (``quiet``: no progress bars)."""
     task = recipe.task
     seed = recipe.train.seed
     if task.name == "phonebook":
@@ -37,8 +37,9 @@ def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int) -> tuple[list[dict], l
 
         pb = task.phonebook
         # validation books come from another seed stream than the training books (never the same book)
-        train = phonebook_books(pb, tokenizer, seq_len, pb.train_books, seed)
-        val = phonebook_books(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003)
+        label = lambda which: None if quiet else f"{which} phone books"  # noqa: E731
+        train = phonebook_books(pb, tokenizer, seq_len, pb.train_books, seed, progress=label("training"))
+        val = phonebook_books(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003, label("validation"))
         return [b.to_dict() for b in train], [b.to_dict() for b in val]
     if task.name == "instruct":
         from ssmlm.data.instruct import load_pairs
@@ -74,16 +75,17 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
         raise UserError(f"{source.dir}: its tokenizer predates the END token; pretrain it again with this ssmlm")
     seq_len = recipe.task.max_seq_length or source.recipe.model.max_seq_length
     recipe = resolve(recipe, source, seq_len)
-    train, val = prompt_pairs(recipe, tok, seq_len)
+    train, val = prompt_pairs(recipe, tok, seq_len, quiet)
     if not train:
         raise UserError(f"task {recipe.task.name}: no training pairs")
     t = recipe.train
-    objective = PromptResponseObjective(train, val, tok, seq_len, t.batch_size, t.seed,
-                                        # end_half runs saw it at the start half the time: lead with it
-                                        paradigm="none" if recipe.objective.paradigm == "none" else "start",
-                                        rows=local_rows(t.batch_size))  # fmt: skip
-    model = build_lm(recipe.model, seed=t.seed)
-    source_weights(model, source)
+    with activity(f"tokenizing {len(train) + len(val):,} pairs, loading {source.dir}", quiet):
+        objective = PromptResponseObjective(train, val, tok, seq_len, t.batch_size, t.seed,
+                                            # end_half runs saw it at the start half the time: lead with it
+                                            paradigm="none" if recipe.objective.paradigm == "none" else "start",
+                                            rows=local_rows(t.batch_size))  # fmt: skip
+        model = build_lm(recipe.model, seed=t.seed)
+        source_weights(model, source)
     if not quiet:
         console.print(f"{recipe.task.name}: {len(train):,} training pairs in {objective.steps_per_epoch:,} steps "
                       f"per epoch, {len(val):,} validation pairs, rows of {seq_len} tokens")  # fmt: skip
