@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -27,6 +30,8 @@ class OneLineErrors(TyperGroup):
     error, instead of Click's usage text and framed box."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
+        argv = kwargs.get("args", args[0] if args else None)
+        _COMMAND_LINE[:] = ["ssmlm", *(sys.argv[1:] if argv is None else argv)]  # for the line after a Ctrl-C
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -37,8 +42,8 @@ class OneLineErrors(TyperGroup):
                 ctx = getattr(e, "ctx", None)
                 _err(msg + (f"; see '{ctx.command_path} --help'" if ctx is not None else ""))
             sys.exit(e.exit_code)
-        except typer.Abort:
-            _err("aborted")
+        except typer.Abort:  # Click's word for a Ctrl-C outside a command
+            _interrupted("stopped; run the same command again")
             sys.exit(130)
         # Outside standalone mode Click returns a command's exit code (typer.Exit) instead of exiting with it.
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -78,8 +83,17 @@ StopOpt = Annotated[
 ]
 
 
+_COMMAND_LINE: list[str] = []  # this invocation's arguments, as the command that runs it again
+
+
 def _err(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
+
+
+def _interrupted(msg: str) -> None:
+    """After Ctrl-C: what was kept, and the exact command that goes on from there."""
+    again = f": {shlex.join(str(a) for a in _COMMAND_LINE)}" if _COMMAND_LINE else ""
+    typer.echo(f"interrupted: {msg}{again}", err=True)
 
 
 def user_errors(fn):
@@ -90,13 +104,13 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except Interrupted as e:
-            _err(str(e))
+            _interrupted(str(e))
             raise typer.Exit(130) from None
         except UserError as e:
             _err(str(e))
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            _err("interrupted")
+            _interrupted("stopped; run the same command again")
             raise typer.Exit(130) from None
 
     return wrapper
@@ -115,6 +129,31 @@ def _run_dir(recipe, name: str | None) -> Path:
 def _check_training_options(name: str | None, stop_after: int | None) -> None:
     checks.option("--name", name, checks.RUN_NAME)
     checks.option("--stop-after", stop_after, checks.POSITIVE)
+
+
+def _starting(command: str, quiet: bool = False, what: str = "loading jax"):
+    """A command's start, once its cheap checks passed: its imports (seconds) and opening the run, up to its first
+    bar. A spinner with the elapsed time on a terminal, nothing with --quiet; without a terminal a line (and one
+    per new ``.label``): at once while jax is still to be loaded (none when it is, e.g. in-process), or for an
+    analysis once it has run a while (a quick refusal stays one line)."""
+    from ssmlm.progress import PLAIN_AFTER_S, activity
+
+    if what == "loading jax":
+        plain_after = None if "jax" in sys.modules else 0.0
+    else:
+        plain_after = PLAIN_AFTER_S
+    return activity(f"{command}: {what}", quiet, background=True, plain_after=plain_after)
+
+
+def _train(kind: str, recipe, run_dir: Path, quiet: bool, **kw) -> dict:
+    """pretrain, extend-length or finetune of one run (ssmlm.train.drive), with its loss plot; shown from the start."""
+    with _starting(kind, quiet) as start:
+        from ssmlm.analyze.plots import LossPlot
+        from ssmlm.train.drive import drive
+
+        start.label = f"{kind}: preparing the data and the model"
+        started = SimpleNamespace(on_start=lambda *_: start())  # the loop has begun: the start is over
+        return drive(kind, recipe, run_dir, quiet=quiet, hooks=[LossPlot(run_dir), started], **kw)
 
 
 def _print_plan(p: dict) -> None:
@@ -156,6 +195,8 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
                   f"{min(per_config):.3f} – {max(per_config):.3f}")  # fmt: skip
     if summary.get("seconds") is not None:
         t.add_row("seconds", str(summary["seconds"]))
+    if summary.get("launches", 1) > 1:  # a run stopped and started again: its whole time
+        t.add_row(f"seconds over {summary['launches']} starts", str(summary["seconds_total"]))
     Console().print(t)
 
 
@@ -222,14 +263,13 @@ def pretrain(
     _check_training_options(name, stop_after)
     check_inputs(r)
     if dry_run:
-        from ssmlm.train.plan import plan
+        with _starting("pretrain --dry-run", quiet):
+            from ssmlm.train.plan import plan
 
-        return _print_plan(plan(r))
-    from ssmlm.analyze.plots import LossPlot
-    from ssmlm.train.drive import pretrain as run_pretrain
-
+            the_plan = plan(r)
+        return _print_plan(the_plan)
     run_dir = _run_dir(r, name)
-    summary = run_pretrain(r, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)])
+    summary = _train("pretrain", r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
 
 
@@ -257,13 +297,9 @@ def extend_length(
         raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
     checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
     check_inputs(r, tokenizer=False)  # the tokenizer is the source run's
-    from ssmlm.analyze.plots import LossPlot
-    from ssmlm.train.drive import pretrain as run_pretrain
-
     src = Path(r.train.init_from)
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
-    summary = run_pretrain(r, run_dir, kind="extend-length", quiet=quiet, stop_after=stop_after,
-                           hooks=[LossPlot(run_dir)])  # fmt: skip
+    summary = _train("extend-length", r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
 
 
@@ -416,12 +452,11 @@ def finetune(
     r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir)
     num_labels = _check_lm_task(r, ckpt) if lm else _check_encoder_task(r)
     if dry_run:
-        from ssmlm.train.plan import plan_finetune
+        with _starting("finetune --dry-run", quiet):
+            from ssmlm.train.plan import plan_finetune
 
-        return _print_plan(plan_finetune(r, ckpt, num_labels))
-    from ssmlm.analyze.plots import LossPlot
-    from ssmlm.train.drive import finetune as run_finetune
-
+            the_plan = plan_finetune(r, ckpt, num_labels)
+        return _print_plan(the_plan)
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     task_name = r.task.name or Path(r.task.train_file or "task").stem
     start = Path(ckpt).name if ckpt else r.name
@@ -430,7 +465,7 @@ def finetune(
     for seed in seed_list:
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
-        summary = run_finetune(rs, run_dir, quiet=quiet, stop_after=stop_after, hooks=[LossPlot(run_dir)], init=init)
+        summary = _train("finetune", rs, run_dir, quiet=quiet, stop_after=stop_after, init=init)
         _print_summary(summary, run_dir)
         best = summary.get("best_validation")
         if best and not lm:
@@ -459,17 +494,20 @@ def _check_encoder_task(r) -> int:
     check_inputs(r, data=False)  # the corpus and tokenizer are the source run's
     from ssmlm.data.tasks import get_task
 
+    if r.task.name in LM_FINETUNE_RECIPES:  # a language model's task asked of an encoder: say what would work
+        raise UserError(f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
+                        "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
+                        "finetune that")  # fmt: skip
     if r.task.name:
         get_task(r.task.name)
     return r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
 
 
 def _check_lm_task(r, ckpt: str) -> int:
-    from ssmlm.train.parts.prompts import LM_TASKS
-
-    if r.task.name not in LM_TASKS:
+    # the language models' tasks (ssmlm.train.parts.prompts.LM_TASKS, whose import takes seconds), by their recipes
+    if r.task.name not in LM_FINETUNE_RECIPES:
         raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
-                        f"{', '.join(LM_TASKS)}")  # fmt: skip
+                        f"{', '.join(LM_FINETUNE_RECIPES)}")  # fmt: skip
     if r.task.name == "instruct" and not r.task.train_file:
         raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
     return 0
@@ -530,28 +568,30 @@ def evaluate(
     for opt, path in (("--validation-file", validation_file), ("--data-dir", data_dir)):
         if path and not Path(path).expanduser().exists():
             raise UserError(f"{opt} '{path}': no such file or directory")
-    from ssmlm.recipe import TaskConfig
-    from ssmlm.runs import open_run
-    from ssmlm.train.evaluate import evaluate as run_evaluate
-
     checks.option("--limit", limit, checks.POSITIVE)
-    run = open_run(ckpt)
-    if run.recipe.objective.kind == "lm" and task:
-        from ssmlm.train.lm_evaluate import evaluate_lm_task
+    with _starting("evaluate") as start:
+        from ssmlm.recipe import TaskConfig
+        from ssmlm.runs import open_run
+        from ssmlm.train.evaluate import evaluate as run_evaluate
 
-        result = evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split)
-        return _write_result(result, Path(out) if out else None, run)
-    task_cfg = None
-    if task or validation_file or data_dir:
-        base = run.recipe.task if run.kind == "finetune" else TaskConfig()
-        task_cfg = dataclasses.replace(
-            base,
-            name=task or base.name,
-            validation_file=validation_file or base.validation_file,
-            data_dir=data_dir or base.data_dir,
-        )
-    sub_dir = Path(submission) if submission else None
-    result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=sub_dir)
+        start.label = f"evaluate: opening {ckpt}"
+        run = open_run(ckpt)
+        if run.recipe.objective.kind == "lm" and task:
+            from ssmlm.train.lm_evaluate import evaluate_lm_task
+
+            result = evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split)
+        else:
+            task_cfg = None
+            if task or validation_file or data_dir:
+                base = run.recipe.task if run.kind == "finetune" else TaskConfig()
+                task_cfg = dataclasses.replace(
+                    base,
+                    name=task or base.name,
+                    validation_file=validation_file or base.validation_file,
+                    data_dir=data_dir or base.data_dir,
+                )
+            sub_dir = Path(submission) if submission else None
+            result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=sub_dir)
     _write_result(result, Path(out) if out else None, run)
 
 
@@ -634,12 +674,38 @@ def generate(
             raise UserError(f"--file {file}: no such file")
         prompt = path.read_text(encoding="utf-8")
     checks.run_dir(ckpt, "--ckpt")
-    from ssmlm.models.decode import Sampling
-    from ssmlm.runs.generate import load_generator
+    _check_max_tokens(ckpt, max_tokens)
+    from ssmlm.progress import activity
 
-    gen = load_generator(ckpt, mode, step)
+    with activity(f"loading {ckpt}"):
+        from ssmlm.models.decode import Sampling
+        from ssmlm.runs.generate import load_generator
+
+        gen = load_generator(ckpt, mode, step, max_new_tokens=max_tokens)
     sampling = Sampling(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    typer.echo(gen(prompt, sampling, stop or ()))
+    with activity("compiling the decoder") as started:
+
+        def show(piece: str) -> None:  # the text as it comes (echo flushes), once the first token is out
+            started()
+            typer.echo(piece, nl=False)
+
+        gen(prompt, sampling, stop or (), on_text=show)
+    typer.echo()
+
+
+def _check_max_tokens(ckpt: str, max_tokens: int) -> None:
+    """--max-tokens against the run's saved model section, before the slow imports (a damaged or non-LM run is
+    left to load_generator to explain)."""
+    import yaml
+
+    from ssmlm.models.decode_limits import check_new_tokens, lm_config_of
+
+    try:
+        cfg = lm_config_of(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text()).get("model") or {})
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return
+    if cfg is not None:
+        check_new_tokens(cfg, max_tokens)
 
 
 def _register_analyses() -> None:
@@ -647,7 +713,18 @@ def _register_analyses() -> None:
     from ssmlm.analyze import registry
 
     for name, module in registry().items():
-        analyze_app.command(name, help=module.command.__doc__)(user_errors(module.command))
+        analyze_app.command(name, help=module.command.__doc__)(user_errors(_shown(f"analyze {name}", module.command)))
+
+
+def _shown(command: str, fn):
+    """``fn`` under _starting's spinner from its start (its own bars take over; --quiet, when it has one, hides it)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _starting(command, bool(kwargs.get("quiet")), "working"):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 _register_analyses()
@@ -750,6 +827,14 @@ def recipes():
 def main() -> None:
     try:
         app()
+    except SystemExit as e:
+        if e.code == 130:  # Ctrl-C: what is kept is saved and closed by now
+            # Leave at once: work dropped on a worker thread (an evaluation, a compile) cannot be stopped, and a
+            # normal exit would wait for it or abort inside it while the interpreter shuts down.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        raise
     except UserError as e:  # raised outside a command (should not happen, but never show a traceback)
         _err(str(e))
         sys.exit(2)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmlm.errors import DataError
+from ssmlm.progress import progress_bar
 
 FORMS = ("qcq", "qc", "cq")
 MAX_QUERIES = 32  # the paper asks for 1..32 numbers
@@ -96,9 +97,10 @@ def _faker():
     return Faker("en_US")
 
 
-def _unique(draw, n: int) -> list[str]:
-    """The first ``n`` distinct values of the stream ``draw()`` (a prefix of a longer call's result)."""
-    seen: dict[str, None] = {}
+def _unique(draw, n: int, seen: dict[str, None] | None = None) -> list[str]:
+    """The first ``n`` distinct values of the stream ``draw()`` (a prefix of a longer call's result); ``seen``: the
+    distinct values drawn so far, when ``draw`` continues the stream that gave them."""
+    seen = dict.fromkeys(seen or ())
     while len(seen) < n:
         seen.setdefault(draw())
     return list(seen)
@@ -118,20 +120,28 @@ class _Lines:
         self.rank = rng.permutation(entries)  # rank[j]: where line j stands in the full book
         self.names: list[str] = []
         self.numbers: list[str] = []
+        # where the streams stand after the lines drawn so far: fitting a book asks for 1, 2, 4, … lines, and each
+        # draw continues the streams instead of drawing the first lines again
+        self.name_state = None
+        self.number_rng = np.random.default_rng(self.number_seed)
 
     def _draw(self, n: int) -> None:
         if n <= len(self.names):
             return
         fake = _faker()  # realistic en_US first and last names, seeded per book
-        fake.seed_instance(self.name_seed)
-        self.names = _unique(lambda: f"{fake.first_name()} {fake.last_name()}", n)
-        rng = np.random.default_rng(self.number_seed)
+        if self.name_state is None:
+            fake.seed_instance(self.name_seed)
+        else:
+            fake.random.setstate(self.name_state)
+        self.names = _unique(lambda: f"{fake.first_name()} {fake.last_name()}", n, self.names)
+        self.name_state = fake.random.getstate()
+        rng = self.number_rng
 
         def number() -> str:  # every digit uniform (the paper's numbers include 090, 012, …)
             d = "".join(map(str, rng.integers(0, 10, size=10)))
             return f"{d[:3]}-{d[3:6]}-{d[6:]}"
 
-        self.numbers = _unique(number, n)
+        self.numbers = _unique(number, n, self.numbers)
 
     def render(self, form: str, lines: int | None = None) -> PhoneBook:
         """The book of the first ``lines`` lines (all by default)."""
@@ -151,8 +161,9 @@ def make_book(rng: np.random.Generator, entries: int, queries: int, form: str = 
 
 def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple[int, int] = (1, MAX_QUERIES),
           form: str = "qcq", fit: Callable[[PhoneBook], int] | None = None,
-          max_len: int | None = None) -> list[PhoneBook]:  # fmt: skip
+          max_len: int | None = None, progress: str | None = None) -> list[PhoneBook]:  # fmt: skip
     """``n`` books, book i a function of (seed, i) only: entries ~ U{lo..hi}, queries ~ U{qlo..min(qhi, entries)}.
+    ``progress``: a label for a progress bar (thousands of books take a minute), None for none.
 
     ``fit`` (with ``max_len``): a book's token count (prompt + response). A book with ``fit(book) + 3 > max_len``
     (3: the paradigm token, START, END) keeps the most lines that fit: its asked lines first (all of them while
@@ -167,11 +178,14 @@ def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple
     if (fit is None) != (max_len is None):
         raise ValueError("books: give fit and max_len together")
     out = []
-    for i in range(n):
-        rng = np.random.default_rng([seed, i])
-        m = int(rng.integers(lo, hi + 1))
-        book = _Lines(rng, m, int(rng.integers(min(qlo, m), min(qhi, m) + 1)))
-        out.append(book.render(form) if fit is None else _fitted(book, form, fit, max_len, i))
+    with progress_bar(progress is None) as bar:
+        task = bar.add_task(progress or "", total=n)
+        for i in range(n):
+            rng = np.random.default_rng([seed, i])
+            m = int(rng.integers(lo, hi + 1))
+            book = _Lines(rng, m, int(rng.integers(min(qlo, m), min(qhi, m) + 1)))
+            out.append(book.render(form) if fit is None else _fitted(book, form, fit, max_len, i))
+            bar.advance(task)
     return out
 
 
@@ -192,21 +206,24 @@ def _fitted(book: _Lines, form: str, fit, max_len: int, i: int) -> PhoneBook:
 
 
 def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[int, int] = (8, 800),
-                    queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq") -> list[PhoneBook]:  # fmt: skip
+                    queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq",
+                    progress: str | None = None) -> list[PhoneBook]:  # fmt: skip
     """``n`` books (``books``: book i a function of (seed, i)), each shrunk to fit ``seq_len`` tokens of
-    ``tokenizer`` together with the paradigm token, START and END."""
+    ``tokenizer`` together with the paradigm token, START and END (``progress``: a bar's label, or None)."""
 
     def count(book: PhoneBook) -> int:
         return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in (book.prompt, book.response))
 
-    return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len)
+    return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len, progress=progress)
 
 
-def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int) -> list[PhoneBook]:
+def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int,
+                    progress: str | None = None) -> list[PhoneBook]:  # fmt: skip
     """``n`` books drawn as a recipe's ``task.phonebook`` settings say (entries, queries, form), each fitted to
-    ``seq_len``: what finetuning trains and validates on and what `ssmlm evaluate --task phonebook` decodes."""
+    ``seq_len``: what finetuning trains and validates on and what `ssmlm evaluate --task phonebook` decodes
+    (``progress``: a bar's label, or None)."""
     return phonebook_items(tokenizer, seq_len, n, seed, entries=tuple(settings.entries),
-                           queries=tuple(settings.queries), form=settings.form)  # fmt: skip
+                           queries=tuple(settings.queries), form=settings.form, progress=progress)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- JSONL

@@ -8,13 +8,15 @@ training-time controller (e.g. an objective mixture), when the stage has one.
 A checkpoint damaged after the fact (truncated files, an emptied directory, missing items, shapes that do
 not fit) is reported in one line and the next older one is used. A broken checkpoint is never deleted:
 read-only commands leave it where it is; a resumed run moves it to RUN/broken-checkpoints/ so that
-training can write that step again.
+training can write that step again. A save cut short (a kill while Orbax wrote <step>.orbax-checkpoint-tmp) is
+removed when training starts again, with one line saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -38,6 +40,33 @@ def _quiet_orbax():
         yield
     finally:
         log.setLevel(level)
+
+
+UNFINISHED = ".orbax-checkpoint-tmp"  # the suffix of the folder Orbax writes a step to before it commits it
+
+
+def _removed_unfinished(step: str) -> None:
+    print(f"resume: removed the unfinished checkpoint at step {step} (interrupted while saving)",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+class _UnfinishedSaves(logging.Filter):
+    """Orbax's own warning when it replaces a save cut short ("... Removing existing directory since it is not
+    finalized"), as our one line; every other absl record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "since it is not finalized" not in message:
+            return True
+        step = re.search(r"(\d+)" + re.escape(UNFINISHED), message)
+        _removed_unfinished(step[1] if step else "?")
+        return False
+
+
+def _quiet_unfinished_saves() -> None:
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _UnfinishedSaves) for f in absl.filters):
+        absl.addFilter(_UnfinishedSaves())
 
 
 def _reason(e: BaseException) -> str:
@@ -107,11 +136,22 @@ class Checkpoints:
                 ]
             )
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
+        _quiet_unfinished_saves()
+        self._remove_unfinished()
         with _quiet_orbax():  # it reads every step's metadata; a damaged one is reported by restore_newest
             self.mgr = ocp.CheckpointManager(self.dir, options=opts)
 
     def latest_step(self) -> int | None:
         return self.mgr.latest_step()
+
+    def _remove_unfinished(self) -> None:
+        """Remove the folders of saves a kill cut short (never a checkpoint: Orbax commits one by renaming its
+        folder), before Orbax finds them and warns on its own."""
+        if jax.process_index() != 0 or not self.dir.is_dir():
+            return
+        for path in sorted(self.dir.glob(f"*{UNFINISHED}*")):
+            shutil.rmtree(path, ignore_errors=True)
+            _removed_unfinished(path.name.split(".")[0])
 
     def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None,
              controller=None) -> None:  # fmt: skip

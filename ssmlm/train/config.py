@@ -56,6 +56,9 @@ class TrainConfig:
     keep_best: str | None = None  # also keep the best checkpoint by this validation metric (e.g. mlm_loss, accuracy)
     peak_flops: float | None = None  # device peak FLOP/s for the MFU estimate (known GPUs/TPUs are looked up)
     out_dir: str = "runs"
+    # experiment trackers that get every metrics.jsonl row too: tensorboard (RUN/tensorboard/, pip install
+    # 'ssmlm[tracking]'), wandb (RUN/wandb/, pip install 'ssmlm[wandb]'; WANDB_MODE=offline logs locally)
+    trackers: list[Literal["tensorboard", "wandb"]] = dataclasses.field(default_factory=list)
     init_from: str | None = None  # run directory whose weights start this stage (extend-length, finetune)
     position_init: Literal["tile", "random"] = "tile"  # extend-length: how new position rows start
 
@@ -87,6 +90,7 @@ TRAIN_RANGES: dict[str, Rule] = {
     "keep_checkpoints": POSITIVE,
     "peak_flops": above(0),
     "out_dir": NON_EMPTY,
+    "trackers": Rule(lambda v: len(set(v)) == len(v), "each tracker at most once, e.g. [tensorboard]"),
 }
 
 

@@ -5,7 +5,7 @@ After every step ``loop.run`` calls each default hook's ``after_step`` in this o
 1. MetricsLogger: the training metrics of each window to metrics.jsonl (every train.log_every steps and at the
    invocation's last step), then the user hooks' ``on_log``;
 2. DivergenceGuard: stops the run once too many steps were skipped for a non-finite loss or gradient;
-3. Progress: the bar's loss / lr / tok/s / mfu and, without a bar, a console line every tenth of the run;
+3. Progress: the bar's loss / lr / tok/s / mfu (without a terminal, its plain line every ~30 s);
 4. Evaluation: validation at the recipe's cadences, the user hooks' ``on_eval``, the controller's update;
 5. Checkpointing: periodic checkpoints and, with train.keep_best, one after every evaluation.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 from ssmlm.errors import UserError
-from ssmlm.progress import console
 
 # The loop's ssmlm.train.loop.RunContext and TrainState, named here without importing the loop (which imports
 # this module): no import cycle, not even one for type hints.
@@ -142,39 +142,53 @@ class DivergenceGuard(Hook):
 
 
 class Progress(Hook):
-    """At each logging step: the bar's fields and, where there is no bar (not a terminal), a console line
-    every tenth of the run (the loop itself moves the bar on after every step)."""
+    """After every step the bar's count, at each logging step its loss, lr, tok/s and mfu (without a terminal the
+    bar prints a plain line every ~30 s instead, ssmlm.progress), before the evaluation: its phase follows the
+    step shown. ``phase`` names what the bar waits on between steps (a compile, an evaluation)."""
 
     def __init__(self, ctx: RunContext, bar, task):
         self.ctx, self.bar, self.task = ctx, bar, task
 
+    def phase(self, label: str) -> AbstractContextManager:
+        """While it lasts the bar says ``label`` (without a terminal: a line once it takes over 2 s), see
+        ssmlm.progress.phase; the context's value moves it on to its next part (``.set(label)``)."""
+        from ssmlm.progress import phase
+
+        return phase(self.bar, self.task, label)
+
     def after_step(self, state: TrainState) -> None:
-        line, ctx = state.log_line, self.ctx
+        line = state.log_line
         if line is None:
+            self.bar.update(self.task, completed=state.step)
             return
         loss, tps, mfu = state.last["loss"], line.tokens_per_s, line.mfu
-        self.bar.update(self.task, loss=f"{loss:.4f}", lr=f"{line.lr:.2e}", mfu=f"{mfu:.1%}" if mfu else "-",
-                        **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
-        if (
-            ctx.lead
-            and not ctx.quiet
-            and self.bar.disable
-            and state.step % max(ctx.total // 10, ctx.cfg.log_every) == 0
-        ):
-            console.print(f"{ctx.stage.kind} step {state.step}/{ctx.total} loss {loss:.4f} {tps:,.0f} tok/s")
+        self.bar.update(self.task, completed=state.step, loss=f"{loss:.4f}", lr=f"{line.lr:.2e}",
+                        mfu=f"{mfu:.1%}" if mfu else "-", **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
+
+
+class Stopped(Exception):
+    """Ctrl-C while the loop waited on work it drops and does again on resume (ssmlm.train.loop.interruptibly)."""
 
 
 class Evaluation(Hook):
     """Validation every train.eval_every steps, every Stage.eval_also_every steps and at Stage.eval_at's steps
     (never at the last step inside the loop), and once at the end of a run that trained (or never saved).
 
-    Each result with metrics goes to metrics.jsonl (split "validation") and the user hooks' on_eval, then to the
-    controller: its new state applies from ``lag`` steps on (logged, split "controller"). Sets
+    Each result with metrics goes to the controller, then to metrics.jsonl (split "validation") and the user hooks'
+    on_eval; the controller's new state applies from ``lag`` steps on (logged, split "controller"). Sets
     ``state.eval_metrics`` to every result and ``state.fresh_eval`` to the metrics of this step's evaluation
-    (None when there was none, or it gave no metrics)."""
+    (None when there was none, or it gave no metrics).
 
-    def __init__(self, ctx: RunContext, evaluate: Callable[[Any], dict[str, float]], lag: int):
-        self.ctx, self.evaluate_params, self.lag = ctx, evaluate, lag
+    The evaluation and the controller's update go through ``run`` (the loop's: on a worker thread it stops
+    waiting for on Ctrl-C). A Ctrl-C there writes nothing and sets ``state.eval_pending``: the checkpoint saved
+    next says so and the resumed run evaluates this step first. ``phase`` (Progress.phase) says which of the two
+    is running."""
+
+    def __init__(self, ctx: RunContext, evaluate: Callable[[Any], dict[str, float]], lag: int,
+                 run: Callable[[Callable], Any] = lambda work: work(),
+                 phase: Callable[[str], AbstractContextManager] | None = None):  # fmt: skip
+        self.ctx, self.evaluate_params, self.lag, self.run = ctx, evaluate, lag, run
+        self.phase = phase or (lambda label: nullcontext(_Unnamed()))
 
     def after_step(self, state: TrainState) -> None:
         step, stage, cfg = state.step, self.ctx.stage, self.ctx.cfg
@@ -185,21 +199,44 @@ class Evaluation(Hook):
 
     def at_end(self, state: TrainState) -> None:
         state.fresh_eval = None
-        if state.step >= self.ctx.total and (state.step > state.start or not state.resumed):
+        # a run that trained, never saved, or was stopped in this very evaluation
+        wanted = state.step > state.start or not state.resumed or state.eval_pending
+        if state.step >= self.ctx.total and wanted:
             self.evaluate(state)
 
     def evaluate(self, state: TrainState) -> None:
         step, ctx = state.step, self.ctx
-        metrics = self.evaluate_params(state.params)
+        control = state.control if step < ctx.total else None
+
+        def work(shown):  # reads the state, changes nothing: dropped on Ctrl-C
+            metrics = self.evaluate_params(state.params)
+            if not (metrics and control):
+                return metrics, None
+            shown.set(getattr(ctx.stage.controller, "update_label", "controller update"))
+            return metrics, ctx.stage.controller.update(control.at(step), step, metrics)
+
+        try:
+            with self.phase("evaluating") as shown:
+                metrics, new = self.run(lambda: work(shown))
+        except Stopped:
+            state.eval_pending = True
+            return
+        state.eval_pending = False
         state.eval_metrics, state.fresh_eval = metrics, metrics or None
         if not metrics:
             return
         ctx.log.write({"step": step, "split": "validation", **metrics})
         emit(ctx.hooks, "on_eval", step, metrics)
-        if state.control is not None and step < ctx.total:
-            new = ctx.stage.controller.update(state.control.at(step), step, metrics)
-            state.control.set(new, step + self.lag)
+        if new is not None:
+            control.set(new, step + self.lag)
             log_control(ctx, step, new, step + self.lag)
+
+
+class _Unnamed:
+    """A phase nobody is shown (no bar)."""
+
+    def set(self, label: str) -> None:
+        pass
 
 
 class Checkpointing(Hook):
@@ -235,6 +272,7 @@ class Checkpointing(Hook):
             **ctx.manifest,
             "metrics": state.last,
             "validation": eval_metrics or {},
+            **({"evaluation_pending": True} if state.eval_pending else {}),
         }
         control = state.control.to_tree() if state.control is not None else None
         ctx.ckpt.save(step, state.params, state.opt_state, meta, eval_metrics, control)

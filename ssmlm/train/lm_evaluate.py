@@ -35,16 +35,19 @@ def evaluate_lm_task(
     if task not in LM_EVAL_TASKS:
         known = ", ".join(LM_EVAL_TASKS)
         raise UserError(f"--task {task!r}: a language model is evaluated on {known} or lm-eval:TASKS")
+    from ssmlm.progress import activity
     from ssmlm.runs.generate import load_generator
 
-    gen = load_generator(run.dir)
+    with activity(f"loading {run.dir}"):
+        gen = load_generator(run.dir)
     if task == "phonebook":
         out = _phonebook(run, gen, limit)
     elif task == "squad_v2":
         from ssmlm.data.qa import load_answerable
         from ssmlm.train.squad_gen import evaluate_squad
 
-        items = load_answerable(data_dir, split=split, limit=limit, seed=EVAL_SEED)
+        with activity(f"reading SQuAD v2 ({split})"):
+            items = load_answerable(data_dir, split=split, limit=limit, seed=EVAL_SEED)
         out = evaluate_squad(gen, items)
     else:
         out = _infilling(gen, data_dir, validation_file, limit, batch_size)
@@ -61,7 +64,7 @@ def _phonebook(run: Run, gen, limit: int | None) -> dict:
     seq_len = task.max_seq_length or run.recipe.model.max_seq_length
     n = limit or settings.validation_books
 
-    items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED)
+    items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED, "drawing books")
     return evaluate_phonebook(gen, items)
 
 

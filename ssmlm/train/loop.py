@@ -9,9 +9,18 @@ dropout keys are fold_in(seed, s), so a resumed run takes exactly the steps an u
 checkpoint), the step loop and the ending. After every step the default hooks of ssmlm.train.hooks run in
 order: metrics log, divergence guard, progress, evaluation (and the controller's update), checkpointing.
 
-Extension points: ``Stage.hooks`` (objects with any of on_start / on_log / on_eval / on_checkpoint /
-on_interrupt / on_end) see the run's events; ``Stage.controller`` may change what the batches are made of
-while training runs (Birdie's objective mixture): its state is saved in every checkpoint and restored.
+Every start cuts metrics.jsonl back to the restored checkpoint's step (none restored: empty), so no row is ever
+repeated; RUN/launches.json counts the run's starts and the seconds each trained, for the summary.
+
+Ctrl-C: the loop stops after the current step and saves the checkpoint to resume from. Work it can drop and
+redo (an evaluation with the controller's update, the first step of a start, which compiles) runs on a worker
+thread that the loop stops waiting for at once; a checkpoint saved in the middle of an evaluation says so, and
+the resumed run evaluates that step again first.
+
+Extension points: ``Stage.hooks`` (objects with any of on_start / on_record / on_log / on_eval / on_checkpoint /
+on_interrupt / on_end) see the run's events (on_record: every row written to metrics.jsonl; the trackers of
+``train.trackers``, ssmlm.train.trackers, are such hooks); ``Stage.controller`` may change what the batches are
+made of while training runs (Birdie's objective mixture): its state is saved in every checkpoint and restored.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from flax import nnx
 from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
+from ssmlm.runs import atomic_write
 from ssmlm.runs.checkpoint import Checkpoints
 from ssmlm.train.hooks import (
     Checkpointing,
@@ -44,6 +54,7 @@ from ssmlm.train.hooks import (
     LogLine,
     MetricsLogger,
     Progress,
+    Stopped,
     emit,
     log_control,
 )
@@ -61,7 +72,7 @@ class Controller(Protocol):
         ...
 
     # optional: ``record(state) -> dict`` of JSON values, logged to metrics.jsonl (split "controller") for the
-    # initial state and after every update
+    # initial state and after every update; ``update_label``: what the bar says while ``update`` runs
 
 
 # An update made after step s applies to the batches of steps >= s + CONTROL_LAG. The lag is the prefetch
@@ -118,23 +129,87 @@ class Stage:
 
 
 class MetricsLog:
-    """Append-only JSONL; on resume, lines past the restored step are dropped so nothing repeats."""
+    """metrics.jsonl, appended to row by row; each row also goes to the ``listeners``' on_record (the hooks)."""
 
-    def __init__(self, path: Path, enabled: bool = True):
+    def __init__(self, path: Path, enabled: bool = True, listeners: list | None = None):
         self.path = path
         self.enabled = enabled
+        self.listeners = listeners if listeners is not None else []
 
-    def truncate_after(self, step: int) -> None:
+    def rows(self) -> list[dict]:
+        """The rows written so far; a line cut short by a kill (only ever the last) is left out."""
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                out.append(row)
+        return out
+
+    def restart(self, step: int | None) -> None:
+        """Keep only the rows up to ``step``, the restored checkpoint's (None: no row), training, validation and
+        controller rows alike: the steps after it are trained (and logged) again. Written to a temporary file and
+        renamed over the log, so a kill at any moment leaves either the old log or the cut one."""
         if not self.enabled or not self.path.exists():
             return
-        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        keep = [row for row in self.rows() if step is not None and row["step"] <= step]
+        atomic_write(self.path, "".join(json.dumps(row) + "\n" for row in keep))
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        emit(self.listeners, "on_record", record)
+
+
+class Launches:
+    """RUN/launches.json: each start of the run (the step it began at, the step it reached, the seconds it trained),
+    rewritten every SAVE_EVERY_S seconds while it trains, so that a start ended by a kill is counted too."""
+
+    SAVE_EVERY_S = 2.0
+
+    def __init__(self, path: Path, start_step: int, enabled: bool):
+        self.path, self.enabled = path, enabled
+        self.past = self._read() if enabled else []
+        self.t0, self.ended = time.time(), False
+        self.this = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "start_step": start_step, "step": start_step,
+                     "seconds": 0.0}  # fmt: skip
+        self.save()
+
+    def _read(self) -> list[dict]:
+        try:
+            launches = json.loads(self.path.read_text())["launches"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return [x for x in launches if isinstance(x, dict)] if isinstance(launches, list) else []
+
+    def update(self, step: int, force: bool = False) -> None:
+        if self.ended:
+            return
+        now = time.time()
+        self.this.update(step=step, seconds=round(now - self.t0, 2))
+        if force or now - self.saved_at >= self.SAVE_EVERY_S:
+            self.save()
+
+    def end(self, step: int) -> None:
+        """The launch's final entry (the first call counts: the summary's numbers are the file's)."""
+        self.update(step, force=True)
+        self.ended = True
+
+    def save(self) -> None:
+        self.saved_at = time.time()
+        if self.enabled:
+            atomic_write(self.path, json.dumps({"launches": [*self.past, self.this]}, indent=1))
+
+    def summary(self) -> dict:
+        """The run's starts so far (this one included) and the seconds they trained together."""
+        past = sum(float(x.get("seconds", 0) or 0) for x in self.past)
+        return {"launches": len(self.past) + 1, "seconds_total": round(past + self.this["seconds"], 2)}
 
 
 def make_eval_step(eval_fn: Callable, graphdef):
@@ -195,12 +270,17 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
         aux = {k: v for k, v in aux.items() if k != "weight"}
         gnorm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        updates, new_opt = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+
+        def update(_):
+            updates, new_opt = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt
+
+        # One cond rather than a where per leaf: XLA copied the `ok` test into every leaf's fusion, which made the
+        # step compile 1.5-2x longer (benchmarks/compile.py, BiGS d 256) at no gain in step time.
+        new_params, new_opt = jax.lax.cond(ok, update, lambda _: (params, opt_state), None)
         metrics = {"loss": jnp.where(ok, loss, 0.0), "grad_norm": jnp.where(ok, gnorm, 0.0),
                    "skipped": 1.0 - ok.astype(jnp.float32), **aux}  # fmt: skip
-        return keep(new_params, params), keep(new_opt, opt_state), metrics
+        return new_params, new_opt, metrics
 
     if shardings is None:  # parameters and optimizer state are replaced every step: reuse their buffers
         return jax.jit(train_step, donate_argnums=(0, 1))
@@ -228,6 +308,7 @@ class TrainState:
     outputs: Any = None  # the newest step's metrics, on device
     tokens: int = 0  # the newest step's real (non-pad) tokens on this process
     log_line: LogLine | None = None  # what the newest step logged, when it was a logging step
+    eval_pending: bool = False  # a Ctrl-C cut this step's evaluation short: it is done again on resume
 
     def control_at(self, step: int):
         return self.control.at(step) if self.control is not None else None
@@ -270,48 +351,78 @@ def run(
     ctx, state = _setup(stage, recipe, run_dir, quiet)
     _restore(ctx, state)
     state.stop = min(ctx.total, state.start + stop_after) if stop_after else ctx.total
-    cfg = ctx.cfg
+    launch = Launches(run_dir / "launches.json", state.start, enabled=ctx.lead)
+    trackers = _trackers(ctx, state)
+    try:
+        with progress_bar(quiet or not ctx.lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
+            task = bar.add_task(stage.kind, total=ctx.total, completed=state.start, loss="-", lr="-", mfu="-",
+                                **{"tok/s": "-"})  # fmt: skip
+            defaults = _default_hooks(ctx, bar, task, ctrl_c)
+            _train(ctx, state, defaults, launch, ctrl_c, lambda: bar.update(task, completed=state.step))
+            if ctrl_c.requested and state.step < ctx.total:
+                _interrupted(ctx, state, defaults)
+            summary = _finish(ctx, state, defaults, launch)
+            if state.eval_pending:  # a Ctrl-C during the final evaluation: the checkpoint is saved, the rest waits
+                _interrupted(ctx, state, [])
+    finally:
+        launch.end(state.step)
+        for tracker in trackers:  # flushed and closed however the run ends
+            tracker.close()
+    return summary
+
+
+def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches, ctrl_c: CtrlC,
+           show: Callable[[], None]) -> None:  # fmt: skip
+    """Steps up to ``state.stop`` (or a Ctrl-C), each followed by the default hooks and ``show`` (the bar)."""
+    stage, cfg = ctx.stage, ctx.cfg
     train_step = make_train_step(stage.loss_fn, ctx.optimizer.tx, ctx.graphdef, cfg.seed, ctx.shardings, cfg.grad_accum)
-    t_start = time.time()
     if state.control is not None and not state.resumed:
         log_control(ctx, 0, state.control.current, 0)
     emit(ctx.hooks, "on_start", state.start, ctx.total)
+    evaluation = next(h for h in defaults if isinstance(h, Evaluation))
+    progress = next(h for h in defaults if isinstance(h, Progress))
+    if state.eval_pending and state.step < ctx.total:  # the evaluation a Ctrl-C cut short, before training goes on
+        evaluation.after_step(state)
+        state.eval_pending = state.eval_pending and ctrl_c.requested  # (done, or no longer due: eval_every changed)
     # The prefetcher reads ahead with the schedule as it stands; updates only touch steps beyond its reach.
     prefetch = Prefetcher(lambda s: stage.batches(s, state.control_at(s)), state.start, state.stop, PREFETCH_DEPTH)
-    with progress_bar(quiet or not ctx.lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
-        task = bar.add_task(stage.kind, total=ctx.total, completed=state.start, loss="-", lr="-", mfu="-",
-                            **{"tok/s": "-"})  # fmt: skip
-        defaults = _default_hooks(ctx, bar, task)
-        try:
-            while state.step < state.stop:
+    try:
+        while state.step < state.stop and not ctrl_c.requested:  # stop between steps, never inside a save
+            if state.step == state.start:  # compiles: a Ctrl-C need not wait for it, nothing is trained yet
+                with progress.phase("compiling the training step"):
+                    interruptibly(lambda: _train_one(ctx, state, prefetch, train_step), ctrl_c)
+            else:
                 _train_one(ctx, state, prefetch, train_step)
-                for hook in defaults:
-                    hook.after_step(state)
-                bar.update(task, completed=state.step)
-                if ctrl_c.requested:  # stop between steps, never inside a save or an update
-                    break
-        except UserError:
-            ctx.ckpt.close()
-            raise
-        except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
-            emit(ctx.hooks, "on_interrupt", state.step)
-            raise Interrupted(
-                f"interrupted at step {state.step}/{ctx.total}; the newest complete checkpoint in {run_dir} is step "
-                f"{ctx.ckpt.latest_step() or 0}; run the same command again to resume"
-            ) from None
-        finally:
-            prefetch.close()
-    if ctrl_c.requested and state.step < ctx.total:
-        _interrupted(ctx, state, defaults)
-    return _finish(ctx, state, defaults, t_start)
+            for hook in defaults:
+                hook.after_step(state)
+            show()
+            launch.update(state.step)
+    except UserError:
+        ctx.ckpt.close()
+        raise
+    except Stopped:  # during the first step: nothing to save
+        ctx.ckpt.close()
+        emit(ctx.hooks, "on_interrupt", state.step)
+        raise Interrupted(
+            f"stopped before step {state.start + 1}/{ctx.total} finished, with nothing new to save; "
+            "run the same command again to resume"
+        ) from None
+    except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
+        emit(ctx.hooks, "on_interrupt", state.step)
+        raise Interrupted(
+            f"stopped at step {state.step}/{ctx.total}; the newest complete checkpoint in {ctx.run_dir} is step "
+            f"{ctx.ckpt.latest_step() or 0}; run the same command again to resume"
+        ) from None
+    finally:
+        prefetch.close()
 
 
 def _setup(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool) -> tuple[RunContext, TrainState]:
     """What stays fixed for the run, and the state of a fresh start (on the mesh, not yet restored)."""
     lead = jax.process_index() == 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = MetricsLog(run_dir / "metrics.jsonl", enabled=lead)
     hooks = [*stage.hooks]
+    log = MetricsLog(run_dir / "metrics.jsonl", enabled=lead, listeners=hooks)
     optimizer = _optimizer(stage, recipe, show_rules=lead and not quiet)
     graphdef, params, opt_state, shardings = _place(stage.model, optimizer.tx, recipe)
     control = None
@@ -370,6 +481,7 @@ def _restore(ctx: RunContext, state: TrainState) -> None:
         ctx.ckpt.close()
         raise
     if not restored:
+        ctx.log.restart(None)  # rows of a start killed before its first checkpoint: all of it is trained again
         return
     state.params, state.opt_state, meta, control_tree = restored[1]
     state.step = state.start = int(meta["step"])
@@ -379,24 +491,39 @@ def _restore(ctx: RunContext, state: TrainState) -> None:
         state.control = Schedule.from_tree(control_tree)
     state.last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
     state.eval_metrics = {k: v for k, v in meta.get("validation", {}).items() if isinstance(v, float)}
-    ctx.log.truncate_after(state.start)
+    state.eval_pending = bool(meta.get("evaluation_pending", False))
+    ctx.log.restart(state.start)
     console.print(
         f"[green]resuming[/] {ctx.run_dir} from step {state.start} (data position {meta['data_position']})",
         soft_wrap=True,
     )
 
 
-def _default_hooks(ctx: RunContext, bar, task) -> list[Hook]:
+def _default_hooks(ctx: RunContext, bar, task, ctrl_c: CtrlC | None = None) -> list[Hook]:
     """The loop's own behaviours, in the order they run after every step (see ssmlm.train.hooks)."""
     stage = ctx.stage
     eval_step = make_eval_step(stage.eval_fn, ctx.graphdef) if stage.eval_fn is not None else None  # compiled once
+    evaluate = lambda params: evaluate_stage(stage, params, ctx.graphdef, eval_step)  # noqa: E731
+    progress = Progress(ctx, bar, task)
     return [
         MetricsLogger(ctx, stage_flops(stage, ctx.recipe), peak_flops_per_second(ctx.cfg)),
         DivergenceGuard(ctx.cfg.max_skipped_steps),
-        Progress(ctx, bar, task),
-        Evaluation(ctx, lambda params: evaluate_stage(stage, params, ctx.graphdef, eval_step), CONTROL_LAG),
+        progress,
+        Evaluation(ctx, evaluate, CONTROL_LAG, run=lambda work: interruptibly(work, ctrl_c), phase=progress.phase),
         Checkpointing(ctx),
     ]
+
+
+def _trackers(ctx: RunContext, state: TrainState) -> list:
+    """The recipe's trackers (train.trackers; on the lead process), as hooks that get every metrics.jsonl row."""
+    if not ctx.cfg.trackers or not ctx.lead:
+        return []
+    from ssmlm.train.trackers import open_trackers
+
+    restored = state.start if state.resumed else None
+    trackers = open_trackers(ctx.cfg.trackers, ctx.run_dir, restored, ctx.log.rows(), ctx.recipe.to_dict())
+    ctx.hooks.extend(trackers)  # the metrics log's listeners too
+    return trackers
 
 
 def _train_one(ctx: RunContext, state: TrainState, prefetch: Prefetcher, train_step) -> None:
@@ -416,23 +543,27 @@ def _interrupted(ctx: RunContext, state: TrainState, defaults: list[Hook]) -> No
         hook.at_interrupt(state)
     ctx.ckpt.close()
     emit(ctx.hooks, "on_interrupt", state.step)
+    pending = " (its evaluation is done first on resume)" if state.eval_pending else ""
     raise Interrupted(
-        f"interrupted at step {state.step}/{ctx.total}; checkpoint saved in {ctx.run_dir}; "
+        f"stopped at step {state.step}/{ctx.total}; checkpoint saved in {ctx.run_dir}{pending}; "
         "run the same command again to resume"
     )
 
 
-def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], t_start: float) -> dict[str, Any]:
-    """The final evaluation and checkpoint (or, stopped early, the one to resume from); the summary."""
+def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches) -> dict[str, Any]:
+    """The final evaluation and checkpoint (or, stopped early, the one to resume from); the summary, with the
+    seconds of this start (``seconds``) and of all the run's starts (``launches``, ``seconds_total``)."""
     for hook in defaults:
         hook.at_end(state)
     ctx.ckpt.close()
+    launch.end(state.step)
     summary: dict[str, Any] = {"kind": ctx.stage.kind, "start_step": state.start, "total_steps": ctx.total}
     if state.step < ctx.total:
         summary["stopped_early"] = True
     summary.update(
         final_step=state.step,
-        seconds=round(time.time() - t_start, 2),
+        seconds=launch.this["seconds"],
+        **launch.summary(),
         skipped_steps=state.skipped_total,
         train=state.last,
         validation=state.eval_metrics,  # a finished run asked again reports its last evaluation
@@ -440,7 +571,8 @@ def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], t_start: f
     if ctx.ckpt.best_step() is not None:
         summary["best_checkpoint"] = ctx.ckpt.best_step()
     ctx.stage.model = nnx.merge(ctx.graphdef, state.params)
-    emit(ctx.hooks, "on_end", summary)
+    with next(h for h in defaults if isinstance(h, Progress)).phase("finishing (plots)"):  # e.g. the loss plot
+        emit(ctx.hooks, "on_end", summary)
     return summary
 
 
@@ -452,7 +584,9 @@ class CtrlC:
     def __enter__(self):
         self.requested = False
         self.previous = None
-        if threading.current_thread() is threading.main_thread():
+        # Whether Ctrl-C reaches this object: signal handlers can only be set on the main thread.
+        self.active = threading.current_thread() is threading.main_thread()
+        if self.active:
             self.previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
@@ -464,6 +598,34 @@ class CtrlC:
     def __exit__(self, *exc):
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+
+
+def interruptibly(work: Callable[[], Any], ctrl_c: CtrlC | None) -> Any:
+    """``work()`` on a worker thread while this one waits in short slices: Python runs a signal handler only
+    between bytecodes of the main thread, so a Ctrl-C that lands in a compile or a long XLA call would otherwise
+    wait for it. After a Ctrl-C this raises Stopped at once and leaves the worker to finish unobserved: the
+    caller must not use its result or anything it changes."""
+    if ctrl_c is None or not ctrl_c.active:
+        return work()
+    if ctrl_c.requested:
+        raise Stopped
+    done, box = threading.Event(), {}
+
+    def target():
+        try:
+            box["result"] = work()
+        except BaseException as e:  # handed to the waiting thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="ssmlm-interruptible", daemon=True).start()
+    while not done.wait(0.05):
+        if ctrl_c.requested:
+            raise Stopped
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 class Prefetcher:

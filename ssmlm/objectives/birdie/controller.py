@@ -220,6 +220,8 @@ class BirdieController:
     """Birdie's objective-mixture controller (the training loop's ``Controller`` protocol). Its state is a nested
     dict of arrays with fixed shapes (``init_state``), so ``jax.eval_shape(init_state)`` is a restore target."""
 
+    update_label = "controller update (reward model)"  # what the training bar says while ``update`` runs
+
     def __init__(self, configs: list[Config], total_steps: int, seed: int,
                  cfg: ControllerSettings = ControllerSettings()):  # fmt: skip
         check_controller(cfg)
