@@ -6,6 +6,7 @@ Most cases run the CLI in-process (CliRunner); a few run a real process to check
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,11 +28,16 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+STATUS = re.compile(r"^[a-z-]+( [a-z-]+)?: [^:]*…$")
+
+
 def assert_user_error(result, *culprits):
     out = result.output
     assert "Traceback" not in out, out
     assert result.exit_code == 2, out
-    lines = [ln for ln in out.splitlines() if ln.strip()]
+    # Status lines of the work that began ("pretrain: preparing the data and the model…", printed without a
+    # terminal) may precede it; the error itself is one line.
+    lines = [ln for ln in out.splitlines() if ln.strip() and not STATUS.match(ln)]
     assert len(lines) == 1 and lines[0].startswith("error: "), out
     for c in culprits:
         assert str(c) in lines[0], (c, lines[0])
@@ -468,3 +474,67 @@ def test_unreachable_hub_fails_at_once(tmp_path, corpus_file):
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and "127.0.0.1 is not reachable" in lines[0] and "hub:wikitext" in lines[0], p.stderr
     assert seconds < 30, seconds
+
+
+# ----------------------------------------------------------------------------- refused before any data work
+
+
+def assert_refused_early(result, *culprits):
+    """One error line, last, naming the culprits; before it only the command's start lines (its imports), no
+    line of data work."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert lines[-1].startswith("error: "), lines
+    data_work = ("tokenizing", "packing:", "configurations", "parameter rules")
+    assert not any(w in ln for ln in lines[:-1] for w in data_work), lines
+    assert [ln for ln in lines if ln.startswith("error: ")] == lines[-1:], lines
+    for c in culprits:
+        assert str(c) in lines[-1], (c, lines[-1])
+
+
+def cache_dirs() -> set[str]:
+    d = Path(os.environ["SSMLM_HOME"]) / "data"
+    return {p.name for p in d.iterdir()} if d.is_dir() else set()
+
+
+def test_another_recipe_is_refused_before_any_data_work(trained):
+    """A recipe whose data differs (a new cache key) into the existing run: refused before tokenising (no new
+    cache directory, no data-work line), as the first thing the run does."""
+    before, caches = snapshot(trained.run), cache_dirs()
+    t = time.perf_counter()
+    r = invoke("pretrain", trained.recipe, "--set", "data.vocab_size=120", "--set", "train.learning_rate=1e-3")
+    seconds = time.perf_counter() - t
+    assert_refused_early(r, trained.run, "different recipe", "data.vocab_size: 150 -> 120", "train.learning_rate")
+    assert "tokenizing" not in r.output and cache_dirs() == caches
+    assert seconds < 10, seconds
+    assert snapshot(trained.run) == before
+
+
+@pytest.mark.parametrize(
+    "task, advice",
+    [
+        ("phonebook", ["is for language models", "is an encoder (bigs)", "ssmlm pretrain birdie_gated_ssm",
+                       "--task phonebook --recipe phonebook_tiny"]),
+        ("lm-eval:hellaswag", ["is for language models", "ssmlm pretrain birdie_gated_ssm"]),
+        ("sst2", ["pretraining run", "finetune it on 'sst2' first", "ssmlm finetune --ckpt"]),
+        ("phonebok", ["unknown task", "builtin-order"]),
+    ],
+)  # fmt: skip
+def test_evaluate_a_task_an_encoder_run_cannot_do_gives_advice_that_works(trained, task, advice):
+    """Refused at once (the model is not loaded) with advice that works: the recipes it names exist, and
+    phone-book finetuning is a language model's task."""
+    from ssmlm.recipe import load_recipe
+    from ssmlm.train.parts.prompts import LM_TASKS
+
+    r = invoke("evaluate", "--ckpt", trained.run, "--task", task)
+    assert_refused_early(r, *advice)
+    assert not (trained.run / "eval").exists() or not list((trained.run / "eval").glob(f"{task}*"))
+    if "birdie_gated_ssm" in r.output:
+        assert load_recipe("birdie_gated_ssm").objective.kind == "lm" and load_recipe("phonebook_tiny")
+        assert "phonebook" in LM_TASKS
+
+
+def test_finetune_an_encoder_on_a_language_model_task_says_what_would_work(c):
+    r = invoke("finetune", "--ckpt", c.run, "--task", "phonebook")
+    assert_user_error(r, "'phonebook' is for language models", "encoder", "ssmlm pretrain birdie_gated_ssm")
+    assert not c.runs.exists()

@@ -529,6 +529,7 @@ def test_gate_norm_removes_the_quadratic_path():
     )
 
 
+@pytest.mark.slow  # 50 s on 2 cores (CI time); run with -m slow
 def test_pooler_input_stays_bounded_after_pretraining(tmp_path, corpus_file):
     """A short MLM pretraining of the default architecture (final_norm on), then the quantity that blew up in
     the user's run: the mean-pooled last hidden state the pooler reads (norm ~1,937 against 6.65 at init in

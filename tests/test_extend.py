@@ -61,7 +61,8 @@ def test_bert_position_table_keeps_learned_rows(position_init):
 
 def test_gmlp_spatial_weights_grow_with_zero_offsets_and_unit_bias():
     src, tgt, report = extended("gmlp")
-    assert report["extended"] == 2  # spatial weight and bias, each one leaf stacked over the 2 layers
+    # spatial weight and bias of each of the 2 layers (unrolled: model.scan_layers auto keeps 2 layers apart)
+    assert report["extended"] == 4
     ids = jnp.arange(8, dtype=jnp.int32)[None] % 40 + 5
     # With the new offsets at zero, an 8-token input sees exactly the old weights.
     np.testing.assert_allclose(np.asarray(tgt(ids)), np.asarray(src(ids)), rtol=1e-5, atol=1e-5)

@@ -63,6 +63,7 @@ def check_cells(t, out, res, families, tasks):
     return saved
 
 
+@pytest.mark.slow  # 40 s on 2 cores (CI time); run with -m slow
 def test_quick_run_one_family(tmp_path):
     t = load_bench()
     _, out, res = run_quick(t, tmp_path, "--families", "bigs", "--tasks", "novels")
