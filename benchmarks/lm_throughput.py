@@ -137,7 +137,7 @@ def decoder(cfg: ModelConfig, n_tokens: int):
     run = Stepper(build_pretraining_model(cfg))
     prompt = jnp.arange(1, 17, dtype=jnp.int32)[None]
     cache = run.init_cache(1, 16 + n_tokens + 1)
-    logits, cache = run.prefill(prompt, jnp.full_like(prompt, 3), cache)
+    logits, cache = run.prefill(prompt, jnp.full_like(prompt, 3), cache, jnp.ones_like(prompt))
     state = {"logits": logits[:, -1], "cache": cache, "done": 0}
 
     def chunk(n=256):

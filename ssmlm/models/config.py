@@ -65,8 +65,10 @@ def default_pooler(cfg: ModelConfig) -> str:
     return cfg.pooler or type(cfg).POOLERS[cfg.arch]
 
 
-# model.scan_layers: auto scans stacks of at least this many blocks (benchmarks/compile.py --only auto measures
-# the step-time cost of the scan and the compile time of both layouts by depth; see the README's speed section).
+# model.scan_layers: auto scans stacks of at least this many blocks. benchmarks/compile.py --only auto (BiGS d 128,
+# 2026-11-26, 2-core CPU): the scan costs 9-37% of every step at 4, 12 and 24 layers, unrolling ~1 s of compile per
+# block (5 / 12 / 28 s against 5 / 5 / 7 scanned); 24 keeps every unrolled compile up to bigs_full's 23 layers under
+# ~30 s and scans the deep Table 4 gMLPs (docs/benchmarks.md, "Compile time").
 SCAN_LAYERS_FROM = 24
 
 
