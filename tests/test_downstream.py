@@ -110,7 +110,6 @@ def test_glue_classification_and_submission(base):
     assert {ln.split("\t")[1] for ln in lines[1:]} <= {"0", "1"}
 
 
-@pytest.mark.slow  # 60 s on 2 cores (CI time); run with -m slow
 def test_mnli_then_mnli_initialised_rte(base):
     mnli = finetune(base, "mnli", "--task", "mnli", "--data-dir", base / "glue")
     assert json.loads((mnli / "run.json").read_text())["num_labels"] == 3

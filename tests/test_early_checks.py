@@ -27,6 +27,13 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+@pytest.fixture(autouse=True)
+def own_cache_home(tmp_path, monkeypatch):
+    """A cache home of this test's own: under xdist the other worker's tests write caches to the shared one, which
+    the checks below would count as left behind."""
+    monkeypatch.setenv("SSMLM_HOME", str(tmp_path / "ssmlm-home"))
+
+
 def cache_dirs() -> set[str]:
     d = Path(os.environ["SSMLM_HOME"]) / "data"
     return {p.name for p in d.iterdir()} if d.is_dir() else set()

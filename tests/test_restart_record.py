@@ -53,7 +53,8 @@ def test_killed_before_its_first_checkpoint_then_run_again_logs_every_step_once(
     assert json.loads(mixture.stdout)["evaluations"] == 2  # the updates at steps 1 and 5
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["launches"] == 2
-    assert summary["seconds_total"] > summary["seconds"] > 0
+    # the killed start counts what it saved (every 2 s; killed sooner: 0)
+    assert summary["seconds_total"] >= summary["seconds"] > 0
 
 
 def test_restart_cuts_the_log_back_to_the_restored_step(tmp_path):
