@@ -770,20 +770,26 @@ def experiment(
     ] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show each run's own output too.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the file, list the runs, exit.")] = False,
+    seeds: Annotated[
+        int | None, typer.Option("--seeds", help="Only the file's first N seeds (a quick look; more later reuse them).")
+    ] = None,
 ):
     """Run arms × seeds (× a grid) as ordinary runs; report each arm's mean, 95% CI and paired difference.
 
-    Every stage (pretrain → finetune → evaluate) of every arm and seed is a run directory under --out; finished
-    runs are reused and interrupted ones resume, so running the same command again continues.
+    Every stage (pretrain → finetune → evaluate → analyze) of every arm and seed is a run directory under --out;
+    finished runs are reused and interrupted ones resume, so running the same command again continues.
 
     Writes OUT/results.md, .csv, .json and results.png; prints the table.
 
     Example: ssmlm experiment experiments/smoke.yaml
     """
     checks.option("--jobs", jobs, checks.POSITIVE)
+    checks.option("--seeds", seeds, checks.POSITIVE)
     from ssmlm.experiment.spec import load_experiment
 
     exp = load_experiment(file)
+    if seeds is not None:
+        exp = dataclasses.replace(exp, seeds=exp.seeds[:seeds])
     out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
     if dry_run:
         return _print_experiment_plan(exp, out_dir)
@@ -811,7 +817,9 @@ def _print_experiment_plan(exp, out_dir: Path) -> None:
         splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))
         where = " at each arm's selected grid point" if exp.grid else ""
         typer.echo(f"then evaluate ({splits}): {len(exp.arms) * len(exp.seeds)} runs{where}")
-    typer.echo(f"metric {exp.metric} ({exp.metric.goal}), reference {exp.reference}")
+    ref = exp.reference if isinstance(exp.reference, str) else "per arm (" + ", ".join(
+        f"{a} vs {r}" for a, r in exp.reference.items()) + ")"  # fmt: skip
+    typer.echo(f"metric {exp.metric} ({exp.metric.goal}), reference {ref}")
 
 
 @app.command()

@@ -281,3 +281,101 @@ def test_the_shipped_smoke_experiment(tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "smoke" / "results.json").read_text())
     assert all(a["status"] == "ok" and len(a["values"]) == 2 for a in res["arms"].values())
+
+
+# ----------------------------------------------------------------------------- anchors, ${VAR}, references
+
+
+def test_anchor_lists_splice_env_vars_expand_and_per_arm_references(setup, monkeypatch):
+    """x-* keys hold anchors, a list inside `set` is spliced in, ${NAME} is the environment's, and `reference`
+    may map each arm to its own reference; a missing variable or an unknown arm is one line naming the field."""
+    common = setup["finetune_set"]
+    text = f"""
+x-common:
+  ft: &ft {json.dumps(common)}
+seeds: [0, 1]
+stages: [pretrain, finetune]
+metric: finetune:accuracy
+reference: {{a: random, b: random}}
+arms:
+  a:
+    pretrain: {{recipe: "${{TINY_RECIPE}}"}}
+    finetune: {{set: [*ft, train.learning_rate=1.0e-3]}}
+  b:
+    pretrain: {{recipe: {setup["recipe"]}}}
+    finetune: {{set: [*ft, "train.steps=${{FT_STEPS}}"]}}
+  random:
+    pretrain: {{recipe: {setup["recipe"]}}}
+    finetune: {{set: *ft, init: random}}
+"""
+    path = setup["tmp"] / "anchors.yaml"
+    path.write_text(text)
+    monkeypatch.delenv("FT_STEPS", raising=False)
+    with pytest.raises(ExperimentError, match=r"arms.b.finetune.set: 'train.steps=\$\{FT_STEPS\}': environment var"):
+        load_experiment(path)
+    monkeypatch.setenv("FT_STEPS", "3")
+    path.write_text(text.replace('"${TINY_RECIPE}"', setup["recipe"]))
+    exp = load_experiment(path)
+    assert exp.arms["a"]["finetune"].set == (*common, "train.learning_rate=1.0e-3")
+    assert exp.arms["b"]["finetune"].set[-1] == "train.steps=3"
+    assert exp.arms["random"]["finetune"].set == tuple(common)
+    assert [exp.reference_of(a) for a in ("a", "b", "random")] == ["random", "random", None]
+    path.write_text(text.replace("b: random}", "b: nope}").replace('"${TINY_RECIPE}"', setup["recipe"]))
+    with pytest.raises(ExperimentError, match=r"reference.b: 'nope' is not an arm"):
+        load_experiment(path)
+
+
+def test_per_arm_references_in_the_report():
+    """Each arm's paired difference is to its own reference; the table says which."""
+    from ssmlm.experiment.report import markdown, summarize
+    from ssmlm.experiment.spec import Experiment, Metric
+
+    exp = Experiment(Path("x.yaml"), (0, 1, 2), ("finetune",), Metric("finetune", "accuracy", "max"),
+                     {"a1": "a0", "b1": "b0"}, dict.fromkeys(["a0", "a1", "b0", "b1"], {}), {})  # fmt: skip
+    vals = {"a0": [0.5, 0.6, 0.7], "a1": [0.6, 0.8, 0.7], "b0": [0.1, 0.1, 0.2], "b1": [0.1, 0.2, 0.2]}
+    arms = {k: {"status": "ok", "error": None, "values": dict(enumerate(v)), "runs": {}} for k, v in vals.items()}
+    res = summarize(exp, arms, 1.0)
+    assert res["arms"]["a1"]["difference"]["mean"] == pytest.approx(0.1)
+    assert res["arms"]["b1"]["difference"]["mean"] == pytest.approx(1 / 30)
+    assert res["arms"]["a0"]["difference"] is None and res["arms"]["a1"]["reference"] == "a0"
+    md = markdown(res)
+    assert "Δ vs its reference (paired)" in md and "| +0.1 vs a0 |" in md
+
+
+def test_seeds_option_runs_the_first_n_seeds(setup):
+    r = invoke(write_experiment(setup), setup["tmp"] / "out", "--seeds", "1", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "seed 0" in r.output and "seed 1" not in r.output
+    r = invoke(write_experiment(setup), setup["tmp"] / "out", "--seeds", "0")
+    assert r.exit_code == 2 and "--seeds = 0: expected" in r.output
+
+
+def test_analyze_stage_runs_each_arms_analysis_once(setup):
+    """stages ending in analyze: `ssmlm analyze NAME` on every arm × seed's last run (RUN/analysis), reused on the
+    next invocation; an unknown analysis or option is one line naming the field."""
+    path = write_experiment(setup, seeds=[0], stages=["pretrain", "finetune", "evaluate", "analyze"],
+                            metric="evaluate:accuracy")  # fmt: skip
+    body = yaml.safe_load(path.read_text())
+    for arm in body["arms"].values():
+        arm["evaluate"] = {"split": "test"}
+        arm["analyze"] = {"kernels": {"layers": "0"}}
+    bad = json.loads(json.dumps(body))
+    bad["arms"]["random"]["analyze"] = {"kernel": {}}
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ExperimentError, match=r"arms.random.analyze.kernel: unknown analysis; expected one of"):
+        load_experiment(path)
+    bad["arms"]["random"]["analyze"] = {"kernels": {"colour": 1}}
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ExperimentError, match=r"arms.random.analyze.kernels.colour: unknown option"):
+        load_experiment(path)
+    path.write_text(yaml.safe_dump(body))
+    out = setup["tmp"] / "out"
+    r = invoke(path, out)
+    assert r.exit_code == 0, r.output
+    assert "done analyze kernels random seed 0" in r.output
+    for arm in ("pretrained", "random"):
+        run = out / "runs" / arm / "seed0" / "finetune"
+        assert list((run / "analysis").glob("kernels*.png")), sorted((run / "analysis").iterdir())
+        assert (run / "eval" / "builtin-order-test.json").is_file() or list((run / "eval").glob("*-test.json"))
+    r2 = invoke(path, out)
+    assert r2.exit_code == 0 and r2.output.count("(reused)") == 7, r2.output  # 1 + 2 + 2 + 2

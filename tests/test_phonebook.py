@@ -270,6 +270,25 @@ def test_score_book_by_position():
     assert score_book("191-000-0030", gold)["digits_correct"] == 3
 
 
+def test_shorter_numbers_for_small_designs():
+    """task.phonebook.digits: the paper's 10 as DDD-DDD-DDDD (unchanged books), fewer as one run of digits,
+    scored by runs of exactly that length; too few numbers for the entries is a DataError."""
+    ten = books(3, seed=5, entries=(4, 8), queries=(1, 2))
+    assert ten == books(3, seed=5, entries=(4, 8), queries=(1, 2), digits=10)
+    four = books(3, seed=5, entries=(4, 8), queries=(1, 2), digits=4)
+    for a, b in zip(ten, four, strict=True):
+        assert a.names == b.names and a.entries == b.entries  # the same books but for the numbers
+        assert all(re.fullmatch(r"\d{4}", n) for n in b.numbers)
+        assert all(f"{n}: {p}" in b.prompt for n, p in zip(b.names, b.numbers, strict=True))
+    gold = ["0471", "9935"]
+    assert parse_numbers("0471, 99351, 9935 12 0471", like="0471") == ["0471", "9935", "0471"]
+    assert score_book("0471, 9935", gold) == {
+        "queries": 2, "correct": 2, "all_correct": True, "digits": 8, "digits_correct": 8}  # fmt: skip
+    assert score_book("0471, 9934", gold)["digits_correct"] == 7
+    with pytest.raises(DataError, match="1-digit numbers for up to 8 entries"):
+        books(1, seed=0, entries=(4, 8), digits=1)
+
+
 def test_summarize_tables():
     recs = [
         {"entries": 10, "queries": 1, "correct": 1, "all_correct": True, "digits": 10, "digits_correct": 10},

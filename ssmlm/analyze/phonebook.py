@@ -63,12 +63,13 @@ def _lower(key: str) -> int:
     return int(key.rstrip("+").split("-")[0])
 
 
-def analyze_phonebook(runs: list[Path], out_dir: Path) -> dict:
+def analyze_phonebook(runs: list[Path], out_dir: Path, labels: list[str] | None = None) -> dict:
     from ssmlm.analyze.plots import _plt, save_figure
 
-    # legend = run name (its path where two runs share a name)
+    # legend = ``labels``, else the run's name (its path where two runs share a name)
     names = [r.name for r in runs]
-    results = {(r.name if names.count(r.name) == 1 else str(r)): latest_evaluation(r) for r in runs}
+    labels = labels or [r.name if names.count(r.name) == 1 else str(r) for r in runs]
+    results = {label: latest_evaluation(r) for label, r in zip(labels, runs, strict=True)}
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [
         {"run": name, "axis": table, "bin": key, "books": v["books"],

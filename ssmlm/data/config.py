@@ -60,6 +60,7 @@ class PhonebookSettings:
     entries: list[int] = dataclasses.field(default_factory=lambda: [8, 800])  # [lo, hi]
     queries: list[int] = dataclasses.field(default_factory=lambda: [1, 32])  # [lo, hi]
     form: Literal["qcq", "qc", "cq"] = "qcq"  # question-book-question (the paper's), question first, book first
+    digits: int = 10  # the paper's DDD-DDD-DDDD; fewer: one run of digits (a design small models can learn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,7 @@ TASK_RANGES: dict[str, Rule] = {
     "phonebook.validation_books": POSITIVE,
     "phonebook.entries": _LO_HI,
     "phonebook.queries": _LO_HI,
+    "phonebook.digits": Rule(lambda v: 1 <= v <= 10, "1 to 10"),
     "validation_examples": NON_NEGATIVE,
     "max_seq_length": SEQ_LEN,
     "text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names"),

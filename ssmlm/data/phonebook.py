@@ -38,6 +38,7 @@ from ssmlm.progress import progress_bar
 
 FORMS = ("qcq", "qc", "cq")
 MAX_QUERIES = 32  # the paper asks for 1..32 numbers
+PAPER_DIGITS = 10  # DDD-DDD-DDDD; other lengths are written as one run of digits (smaller designs, e.g. 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +113,10 @@ class _Lines:
     on how many more are drawn, so a book shrinks to its first n lines (every asked line first, then a random
     subset of the others, in book order) without drawing the rest."""
 
-    def __init__(self, rng: np.random.Generator, entries: int, queries: int):
+    def __init__(self, rng: np.random.Generator, entries: int, queries: int, digits: int = PAPER_DIGITS):
         if not 1 <= queries <= entries:
             raise ValueError(f"phone book: {queries} queries of {entries} entries (expected 1 <= queries <= entries)")
-        self.entries, self.queries = entries, queries
+        self.entries, self.queries, self.digits = entries, queries, digits
         self.name_seed, self.number_seed = (int(x) for x in rng.integers(2**63, size=2))
         self.rank = rng.permutation(entries)  # rank[j]: where line j stands in the full book
         self.names: list[str] = []
@@ -138,8 +139,8 @@ class _Lines:
         rng = self.number_rng
 
         def number() -> str:  # every digit uniform (the paper's numbers include 090, 012, …)
-            d = "".join(map(str, rng.integers(0, 10, size=10)))
-            return f"{d[:3]}-{d[3:6]}-{d[6:]}"
+            d = "".join(map(str, rng.integers(0, 10, size=self.digits)))
+            return f"{d[:3]}-{d[3:6]}-{d[6:]}" if self.digits == PAPER_DIGITS else d
 
         self.numbers = _unique(number, n, self.numbers)
 
@@ -153,16 +154,19 @@ class _Lines:
         return render([self.names[j] for j in order], [self.numbers[j] for j in order], asked, form)
 
 
-def make_book(rng: np.random.Generator, entries: int, queries: int, form: str = "qcq") -> PhoneBook:
+def make_book(rng: np.random.Generator, entries: int, queries: int, form: str = "qcq",
+              digits: int = PAPER_DIGITS) -> PhoneBook:  # fmt: skip
     """One book of ``entries`` lines asking for ``queries`` of them (a random subset in random order);
     deterministic for a given ``rng`` state."""
-    return _Lines(rng, entries, queries).render(form)
+    return _Lines(rng, entries, queries, digits).render(form)
 
 
 def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple[int, int] = (1, MAX_QUERIES),
           form: str = "qcq", fit: Callable[[PhoneBook], int] | None = None,
-          max_len: int | None = None, progress: str | None = None) -> list[PhoneBook]:  # fmt: skip
-    """``n`` books, book i a function of (seed, i) only: entries ~ U{lo..hi}, queries ~ U{qlo..min(qhi, entries)}.
+          max_len: int | None = None, progress: str | None = None,
+          digits: int = PAPER_DIGITS) -> list[PhoneBook]:  # fmt: skip
+    """``n`` books, book i a function of (seed, i) only: entries ~ U{lo..hi}, queries ~ U{qlo..min(qhi, entries)},
+    numbers of ``digits`` digits (the paper's 10 as DDD-DDD-DDDD).
     ``progress``: a label for a progress bar (thousands of books take a minute), None for none.
 
     ``fit`` (with ``max_len``): a book's token count (prompt + response). A book with ``fit(book) + 3 > max_len``
@@ -175,6 +179,9 @@ def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple
         raise DataError(f"phone books: entries {entries} / queries {queries}: expected 1 <= lo <= hi ranges")
     if form not in FORMS:
         raise DataError(f"phone-book form {form!r}: expected one of {', '.join(FORMS)}")
+    if not 1 <= digits <= PAPER_DIGITS or hi > 10**digits // 2:
+        raise DataError(f"phone books: {digits}-digit numbers for up to {hi} entries: expected 1-10 digits with "
+                        f"at least twice as many numbers as entries")  # fmt: skip
     if (fit is None) != (max_len is None):
         raise ValueError("books: give fit and max_len together")
     out = []
@@ -183,7 +190,7 @@ def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple
         for i in range(n):
             rng = np.random.default_rng([seed, i])
             m = int(rng.integers(lo, hi + 1))
-            book = _Lines(rng, m, int(rng.integers(min(qlo, m), min(qhi, m) + 1)))
+            book = _Lines(rng, m, int(rng.integers(min(qlo, m), min(qhi, m) + 1)), digits)
             out.append(book.render(form) if fit is None else _fitted(book, form, fit, max_len, i))
             bar.advance(task)
     return out
@@ -207,14 +214,14 @@ def _fitted(book: _Lines, form: str, fit, max_len: int, i: int) -> PhoneBook:
 
 def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[int, int] = (8, 800),
                     queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq",
-                    progress: str | None = None) -> list[PhoneBook]:  # fmt: skip
+                    progress: str | None = None, digits: int = PAPER_DIGITS) -> list[PhoneBook]:  # fmt: skip
     """``n`` books (``books``: book i a function of (seed, i)), each shrunk to fit ``seq_len`` tokens of
     ``tokenizer`` together with the paradigm token, START and END (``progress``: a bar's label, or None)."""
 
     def count(book: PhoneBook) -> int:
         return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in (book.prompt, book.response))
 
-    return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len, progress=progress)
+    return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len, progress=progress, digits=digits)
 
 
 def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int,
@@ -223,7 +230,8 @@ def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int,
     ``seq_len``: what finetuning trains and validates on and what `ssmlm evaluate --task phonebook` decodes
     (``progress``: a bar's label, or None)."""
     return phonebook_items(tokenizer, seq_len, n, seed, entries=tuple(settings.entries),
-                           queries=tuple(settings.queries), form=settings.form, progress=progress)  # fmt: skip
+                           queries=tuple(settings.queries), form=settings.form, progress=progress,
+                           digits=settings.digits)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- JSONL

@@ -1,9 +1,9 @@
 """Scoring phone-book lookups (Birdie paper §4.3, Fig. 1; birdie_official.md §5.2).
 
 The paper's "accuracy" is not defined precisely, so both readings are reported: per-number accuracy (queried
-number j is right when the j-th DDD-DDD-DDDD in the generation equals gold number j) and all-k accuracy (every
-queried number right). Tables break both down by the number of queried numbers (1..32, Fig. 1's x-axis) and by
-the book's entry count.
+number j is right when the j-th DDD-DDD-DDDD in the generation, or the j-th run of digits as long as the books'
+shorter numbers, equals gold number j) and all-k accuracy (every queried number right). Tables break both down
+by the number of queried numbers (1..32, Fig. 1's x-axis) and by the book's entry count.
 """
 
 from __future__ import annotations
@@ -15,16 +15,19 @@ NUMBER = re.compile(r"\d{3}-\d{3}-\d{4}")
 ENTRY_BINS = (1, 8, 16, 32, 64, 128, 256, 512)
 
 
-def parse_numbers(text: str) -> list[str]:
-    """The phone numbers in ``text``, in order."""
-    return NUMBER.findall(text)
+def parse_numbers(text: str, like: str | None = None) -> list[str]:
+    """The phone numbers in ``text``, in order: DDD-DDD-DDDD, or (``like`` a number of another shape, e.g. a
+    4-digit "0471") runs of exactly that many digits."""
+    if like is None or NUMBER.fullmatch(like):
+        return NUMBER.findall(text)
+    return re.findall(rf"(?<!\d)\d{{{len(like)}}}(?!\d)", text)
 
 
 def score_book(generated: str, book_numbers: list[str]) -> dict:
     """{queries, correct, all_correct, digits, digits_correct}: queried number j is correct iff the j-th number
     parsed from ``generated`` equals ``book_numbers[j]`` (a missing, extra-early or reordered number counts as
     wrong); its digits are compared position by position with the same j-th number (missing: none right)."""
-    got = parse_numbers(generated)
+    got = parse_numbers(generated, book_numbers[0] if book_numbers else None)
     correct = sum(j < len(got) and got[j] == gold for j, gold in enumerate(book_numbers))
     digits = sum(sum(c.isdigit() for c in gold) for gold in book_numbers)
     digits_correct = sum(

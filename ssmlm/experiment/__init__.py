@@ -2,9 +2,10 @@
 
     spec.py     the experiment file: schema, loading, one-line errors naming the file and the field
     runner.py   the plan (one run directory per stage of every arm × seed × grid point) and running it, resumably
-    stats.py    Student t and percentile-bootstrap intervals, the paired difference to the reference arm
+    stats.py    Student t and percentile-bootstrap intervals, the paired difference to an arm's reference
     report.py   results.md / .csv / .json and results.png (error bars)
 
-Every stage is run by the same driver functions the CLI calls (ssmlm.train.drive, ssmlm.train.evaluate), so a
-run directory of an experiment is one that `ssmlm pretrain|finetune|evaluate` would have written.
+Every stage is run by the same functions the CLI calls (ssmlm.train.drive, ssmlm.train.evaluate and lm_evaluate,
+the ssmlm.analyze commands), so a run directory of an experiment is one that `ssmlm pretrain|finetune|evaluate|
+analyze` would have written.
 """

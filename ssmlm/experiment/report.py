@@ -15,13 +15,14 @@ COLUMNS = ("arm", "status", "n", "mean", "ci_low", "ci_high", "ci_method", "diff
 
 
 def summarize(exp: Experiment, arms: dict[str, dict], seconds: float) -> dict:
-    """Add every arm's interval and its paired difference to the reference (by seed) to the collected values."""
-    ref = arms[exp.reference]
+    """Add every arm's interval and its paired difference to its reference (by seed) to the collected values."""
     for name, a in arms.items():
         vals = list(a["values"].values())
         a["interval"] = mean_interval(vals).to_dict() if a["status"] == "ok" and vals else None
+        a["reference"] = ref_name = exp.reference_of(name)
+        ref = arms.get(ref_name) if ref_name else None
         diff = None
-        if name != exp.reference and a["interval"] and ref["status"] == "ok":
+        if ref is not None and a["interval"] and ref["status"] == "ok":
             d = paired_difference(a["values"], ref["values"])
             diff = d.to_dict() if d else None
         a["difference"] = diff
@@ -50,8 +51,10 @@ def _ci(iv: dict | None) -> str:
 def markdown(res: dict) -> str:
     """The results table (and, with a grid, the validation means per point)."""
     ref = res["reference"]
+    one_ref = isinstance(ref, str)
     grid = any("selected" in a for a in res["arms"].values())
-    head = ["arm", "n", "mean", "95% CI", f"Δ vs {ref} (paired)", "Δ 95% CI"] + (["selected"] if grid else [])
+    delta_head = f"Δ vs {ref} (paired)" if one_ref else "Δ vs its reference (paired)"
+    head = ["arm", "n", "mean", "95% CI", delta_head, "Δ 95% CI"] + (["selected"] if grid else [])
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---|" + ("---|" if grid else "")]
     notes = []
     for name, a in res["arms"].items():
@@ -60,7 +63,11 @@ def markdown(res: dict) -> str:
             row = [name, "–", "failed", "–", "–", "–"]
             notes.append(f"- {name} failed: {a['error']}")
         else:
-            delta = "reference" if name == ref else (f"{d['mean']:+.4g}" if d else "–")
+            delta = f"{d['mean']:+.4g}" if d else "–"
+            if one_ref and name == ref:
+                delta = "reference"
+            elif d and not one_ref:
+                delta += f" vs {a['reference']}"
             row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv), delta, _ci(d) if d else "–"]
         lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
     text = [f"{res['name']}: {res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better), "
@@ -124,7 +131,7 @@ def plot(res: dict, path: Path) -> Path:
         if iv["low"] is not None:
             err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
         ax.errorbar([i], [iv["mean"]], yerr=err, fmt="o", capsize=6, color="tab:blue", zorder=3)
-    ref = res["arms"][res["reference"]]
+    ref = res["arms"][res["reference"]] if isinstance(res["reference"], str) else {"interval": None}
     if ref["interval"]:
         ax.axhline(ref["interval"]["mean"], ls="--", color="0.6", lw=1, label=f"{res['reference']} (reference)")
     ax.set_xticks(range(len(names)), names)

@@ -45,6 +45,9 @@ class Job:
     init: str = "pretrained"
     split: str = "validation"
     batch_size: int = 32
+    task: str | None = None  # evaluate: a language model's task (phonebook, …); None: the run's own metrics
+    limit: int | None = None
+    analysis: tuple = ()  # analyze: (NAME, its options)
     deps: tuple[str, ...] = ()
 
 
@@ -134,9 +137,26 @@ def evaluate_jobs(exp: Experiment, plan: Plan, chosen: dict[str, int], done: dic
             chain = plan.chains[(arm, seed, pi)]
             target = chain.get("finetune") or chain.get("pretrain")
             key = f"{target}/evaluate-{ev.split}"
-            out.append(Job(key, "evaluate", f"evaluate {arm} seed {seed} ({ev.split})", done[target].run_dir,
-                           split=ev.split, batch_size=ev.batch_size, deps=(target,)))  # fmt: skip
+            out.append(Job(key, "evaluate", f"evaluate {arm} seed {seed} ({ev.task or ev.split})",
+                           done[target].run_dir, split=ev.split, batch_size=ev.batch_size, task=ev.task,
+                           limit=ev.limit, deps=(target,)))  # fmt: skip
             chain["evaluate"] = key
+    return out
+
+
+def analyze_jobs(exp: Experiment, plan: Plan, chosen: dict[str, int], done: dict[str, Job]) -> list[Job]:
+    """One job per analysis per arm × seed, of the run its last stage wrote (the evaluated one)."""
+    out = []
+    for arm, pi in chosen.items():
+        for seed in exp.seeds:
+            chain = plan.chains[(arm, seed, pi)]
+            target = chain.get("finetune") or chain.get("pretrain")
+            deps = tuple(k for k in (target, chain.get("evaluate")) if k)
+            for name, opts in exp.arms[arm]["analyze"].analyses:
+                key = f"{target}/analyze-{name}"
+                out.append(Job(key, "analyze", f"analyze {name} {arm} seed {seed}", done[target].run_dir,
+                               analysis=(name, opts), deps=deps))  # fmt: skip
+                chain[f"analyze-{name}"] = key
     return out
 
 
@@ -151,6 +171,8 @@ def execute(job: Job, verbose: bool = False) -> tuple[dict, bool]:
     try:
         if job.kind == "evaluate":
             return _evaluate(job)
+        if job.kind == "analyze":
+            return _analyze(job)
         path = job.run_dir / "summary.json"
         if path.is_file():
             return json.loads(path.read_text()), True
@@ -168,14 +190,43 @@ def _evaluate(job: Job) -> tuple[dict, bool]:
     from ssmlm.runs import atomic_write, open_run
 
     run = open_run(job.run_dir)
-    path = run.dir / "eval" / f"{run.info.get('task') or run.kind}-{job.split}.json"
+    path = run.dir / "eval" / f"{job.task or run.info.get('task') or run.kind}-{job.split}.json"
     if path.is_file():
         return json.loads(path.read_text()), True
-    from ssmlm.train.evaluate import evaluate
+    if run.recipe.objective.kind == "lm" and job.task:  # as `ssmlm evaluate --task phonebook` does
+        from ssmlm.train.lm_evaluate import evaluate_lm_task
 
-    result = evaluate(run, None, split=job.split, batch_size=job.batch_size)
+        result = evaluate_lm_task(run, job.task, limit=job.limit, batch_size=min(job.batch_size, 8), split=job.split)
+    else:
+        from ssmlm.train.evaluate import evaluate
+
+        result = evaluate(run, None, split=job.split, batch_size=job.batch_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(result, indent=2))
+    return result, False
+
+
+def _analyze(job: Job) -> tuple[dict, bool]:
+    """`ssmlm analyze NAME --ckpt RUN` (output in RUN/analysis); a marker there records that it ran."""
+    import contextlib
+    import io
+    import typing
+
+    from ssmlm.analyze import registry
+
+    name, opts = job.analysis
+    marker = job.run_dir / "analysis" / f".experiment-{name}.json"
+    if marker.is_file():
+        return json.loads(marker.read_text()), True
+    command = registry()[name].command
+    hint = typing.get_type_hints(command, include_extras=True)["ckpt"]
+    many = typing.get_origin(typing.get_args(hint)[0] if typing.get_args(hint) else hint) is list
+    printed = io.StringIO()  # the command's JSON summary: kept in the marker, not shown between progress lines
+    with contextlib.redirect_stdout(printed):
+        command(ckpt=[str(job.run_dir)] if many else str(job.run_dir), **dict(opts))
+    result = {"analysis": name, "options": dict(opts), "run": str(job.run_dir), "printed": printed.getvalue()[:20000]}
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(result))
     return result, False
 
 
@@ -306,7 +357,8 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     (out / "experiment.yaml").write_text(exp.path.read_text(encoding="utf-8"), encoding="utf-8")
     plan = build_plan(exp, out)
     n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages else 0
-    total = Counter(pretrain=len(plan.pretrain), finetune=len(plan.finetune), evaluate=n_eval)
+    n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
+    total = Counter(pretrain=len(plan.pretrain), finetune=len(plan.finetune), evaluate=n_eval, analyze=n_analyze)
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
     echo(f"experiment {exp.name}: {len(exp.arms)} arms × {len(exp.seeds)} seeds{grid}, "
          f"{sum(total.values())} runs under {out}")  # fmt: skip
@@ -316,6 +368,8 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     chosen, grids = select(exp, plan, runner.done)
     if "evaluate" in exp.stages:
         runner.run(evaluate_jobs(exp, plan, chosen, runner.jobs_by_key))
+    if "analyze" in exp.stages:
+        runner.run(analyze_jobs(exp, plan, chosen, runner.jobs_by_key))
     arms = {arm: collect_arm(exp, plan, runner, arm, chosen[arm], grids.get(arm)) for arm in exp.arms}
     return summarize(exp, arms, time.time() - runner.t0)
 

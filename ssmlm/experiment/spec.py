@@ -4,10 +4,11 @@ that names the file and the field, e.g. ``smoke.yaml: arms.random.finetune.init 
 random``.
 
     seeds: [0, 1]                      # one run per seed per stage (train.seed); arms are paired by seed
-    stages: [pretrain, finetune]       # in this order, from pretrain or finetune: pretrain, finetune, evaluate
+    stages: [pretrain, finetune]       # consecutive, from pretrain or finetune: pretrain, finetune, evaluate, analyze
     metric: finetune:accuracy          # STAGE:FIELD (pretrain/finetune: final validation; evaluate: its metrics)
     goal: max                          # optional: max or min (default: min for *loss*/perplexity, else max)
-    reference: random                  # the arm the others are compared with, paired by seed
+    reference: random                  # the arm the others are compared with, paired by seed; or a mapping
+                                       # ARM: ITS_REFERENCE (e.g. hawk-birdie: hawk-clm; others: no difference)
     arms:
       pretrained:
         pretrain: {recipe: default, set: [train.steps=40]}
@@ -17,6 +18,10 @@ random``.
         finetune: {task: builtin-order, init: random, set: [train.steps=30]}
     grid:                              # optional: selected per arm on validation, reported on a test split
       finetune: {train.learning_rate: [1.0e-4, 5.0e-4]}
+
+Top-level keys starting with ``x-`` are ignored (a place for YAML anchors), a list inside ``set`` is spliced in
+(``set: [*model, *task, train.steps=20]``), and ``${NAME}`` in ``set`` and ``ckpt`` is the environment variable
+NAME (data written by a script, e.g. benchmarks/transfer.py).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import re
 from pathlib import Path
 
@@ -31,15 +37,16 @@ import yaml
 
 from ssmlm.errors import UserError
 
-STAGES = ("pretrain", "finetune", "evaluate")
+STAGES = ("pretrain", "finetune", "evaluate", "analyze")
 DEFAULT_RECIPE = {"pretrain": "default", "finetune": "finetune_default"}
 STAGE_KEYS = {
     "pretrain": {"recipe", "set"},
     "finetune": {"recipe", "set", "task", "init", "ckpt"},
-    "evaluate": {"split", "batch_size"},
+    "evaluate": {"split", "batch_size", "task", "limit"},
 }
 TOP_KEYS = {"description", "seeds", "stages", "metric", "goal", "reference", "arms", "grid"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 LOWER_IS_BETTER = ("loss", "perplexity", "error")
 
 
@@ -58,6 +65,8 @@ class Stage:
     ckpt: str | None = None
     split: str = "validation"
     batch_size: int = 32
+    limit: int | None = None  # evaluate: at most this many items (a language model's phone books: how many)
+    analyses: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # analyze: (NAME, its options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +85,15 @@ class Experiment:
     seeds: tuple[int, ...]
     stages: tuple[str, ...]
     metric: Metric
-    reference: str
+    reference: str | dict[str, str]  # one arm, or arm -> the arm it is compared with
     arms: dict[str, dict[str, Stage]]  # arm -> stage name -> Stage (a stage not in `stages` may give architecture)
     grid: dict[str, dict[str, list]]  # stage -> dotted key -> values
     description: str = ""
+
+    def reference_of(self, arm: str) -> str | None:
+        """The arm ``arm`` is compared with (None: the reference itself, or an arm the mapping leaves out)."""
+        ref = self.reference.get(arm) if isinstance(self.reference, dict) else self.reference
+        return None if ref == arm else ref
 
     @property
     def name(self) -> str:
@@ -129,7 +143,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(raw, dict) or not raw:
         raise ExperimentError(f"{where}: expected a mapping with arms, seeds, stages, metric and reference")
     fail = lambda field, msg: ExperimentError(f"{where}: {field}: {msg}")  # noqa: E731
-    _unknown(raw, TOP_KEYS, "", fail)
+    _unknown({k: v for k, v in raw.items() if not str(k).startswith("x-")}, TOP_KEYS, "", fail)  # x-*: anchors
     for key in ("arms", "seeds", "stages", "metric", "reference"):
         if key not in raw:
             raise fail(key, "missing")
@@ -137,13 +151,20 @@ def load_experiment(path: str | Path) -> Experiment:
     stages = _stages(raw["stages"], fail)
     arms = {name: _arm(name, body, stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
     metric = _metric(raw["metric"], raw.get("goal"), stages, fail)
-    reference = raw["reference"]
-    if reference not in arms:
-        raise fail("reference", f"{reference!r} is not an arm (arms: {', '.join(arms)})")
+    reference = _reference(raw["reference"], arms, fail)
     grid = _grid(raw.get("grid"), stages, fail)
     exp = Experiment(p, seeds, stages, metric, reference, arms, grid, str(raw.get("description") or ""))
     check_recipes(exp, fail)
     return exp
+
+
+def _reference(v, arms: dict, fail) -> str | dict[str, str]:
+    pairs = v.items() if isinstance(v, dict) and v else [(None, v)]
+    for arm, ref in pairs:
+        for field, name in ((f"reference.{arm}", arm), ("reference" if arm is None else f"reference.{arm}", ref)):
+            if name is not None and (not isinstance(name, str) or name not in arms):
+                raise fail(field, f"{name!r} is not an arm (arms: {', '.join(arms)})")
+    return dict(v) if isinstance(v, dict) else v
 
 
 def _unknown(d: dict, allowed: set[str], prefix: str, fail) -> None:
@@ -193,20 +214,29 @@ def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
         section = {} if section is None else section
         if not isinstance(section, dict):
             raise fail(field, f"expected a mapping (recipe, set, ...), got {section!r}")
+        if stage == "analyze":
+            out[stage] = Stage(analyses=_analyses(section, field, fail))
+            continue
         _unknown(section, STAGE_KEYS[stage], f"{field}.", fail)
         sets = section.get("set", [])
         sets = [sets] if isinstance(sets, str) else sets
+        if isinstance(sets, list):  # lists in the list are spliced in (YAML anchors: set: [*model, *task, x=1])
+            sets = [x for item in sets for x in (item if isinstance(item, list) else [item])]
         if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
             raise fail(f"{field}.set", f"{sets!r}: expected a list of KEY=VALUE overrides, e.g. [train.steps=20]")
+        sets = [_expand(x, f"{field}.set", fail) for x in sets]
         kw = {k: v for k, v in section.items() if k != "set"}
+        if isinstance(kw.get("ckpt"), str):
+            kw["ckpt"] = _expand(kw["ckpt"], f"{field}.ckpt", fail)
         for k in ("recipe", "task", "ckpt", "split"):
             if k in kw and not (isinstance(kw[k], str) and kw[k]):
                 raise fail(f"{field}.{k}", f"{kw[k]!r}: expected a non-empty string")
         if kw.get("init", "pretrained") not in ("pretrained", "random"):
             raise fail(f"{field}.init", f"{kw['init']!r}: expected pretrained or random")
-        bs = kw.get("batch_size", 32)
-        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
-            raise fail(f"{field}.batch_size", f"{bs!r}: expected a positive integer")
+        for k, default in (("batch_size", 32), ("limit", 1)):
+            v = kw.get(k, default)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise fail(f"{field}.{k}", f"{v!r}: expected a positive integer")
         if kw.get("ckpt") and not (Path(kw["ckpt"]).expanduser() / "run.json").is_file():
             raise fail(f"{field}.ckpt", f"{kw['ckpt']!r}: not an ssmlm run directory (expected run.json)")
         out[stage] = Stage(set=tuple(sets), **kw)
@@ -223,6 +253,37 @@ def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
     return out
 
 
+def _analyses(section: dict, field: str, fail) -> tuple:
+    """``analyze: {NAME: {option: value}}``: `ssmlm analyze NAME`'s options but --ckpt and --out (each run's own
+    analysis goes to RUN/analysis); checked against the command's parameters."""
+    import inspect
+
+    from ssmlm.analyze import registry
+
+    known = registry()
+    out = []
+    for name, opts in section.items():
+        if name not in known:
+            raise fail(f"{field}.{name}", f"unknown analysis; expected one of {', '.join(sorted(known))}")
+        opts = {} if opts is None else opts
+        if not isinstance(opts, dict):
+            raise fail(f"{field}.{name}", f"{opts!r}: expected a mapping of the command's options (or {{}})")
+        params = set(inspect.signature(known[name].command).parameters) - {"ckpt", "out"}
+        for k in opts:
+            if k not in params:
+                raise fail(f"{field}.{name}.{k}", f"unknown option; expected one of {', '.join(sorted(params))}")
+        out.append((name, tuple(opts.items())))
+    return tuple(out)
+
+
+def _expand(value: str, field: str, fail) -> str:
+    """``${NAME}`` from the environment (data prepared elsewhere, e.g. benchmarks/transfer.py's task files)."""
+    missing = [m for m in ENV_VAR.findall(value) if m not in os.environ]
+    if missing:
+        raise fail(field, f"{value!r}: environment variable {missing[0]} is not set")
+    return ENV_VAR.sub(lambda m: os.environ[m.group(1)], value)
+
+
 def _starts_elsewhere(arm: dict[str, Stage]) -> bool:
     ft = arm.get("finetune")
     return ft is not None and (ft.init == "random" or bool(ft.ckpt))
@@ -232,6 +293,8 @@ def _metric(v, goal, stages, fail) -> Metric:
     if not isinstance(v, str) or v.count(":") != 1 or not all(v.split(":")):
         raise fail("metric", f"{v!r}: expected STAGE:FIELD, e.g. finetune:accuracy or evaluate:accuracy")
     stage, field = v.split(":")
+    if stage == "analyze":
+        raise fail("metric", f"{v!r}: an analysis has no metric; expected pretrain, finetune or evaluate")
     if stage not in stages:
         raise fail("metric", f"{v!r}: stage {stage!r} is not in stages ({', '.join(stages)})")
     if goal is None:
@@ -283,7 +346,8 @@ def stage_overrides(s: Stage) -> list[str]:
 def _check_task(r, exp: Experiment, field: str, fail) -> None:
     if not (r.task.name or r.task.train_file):
         raise fail(field, "no task: give task: NAME (e.g. builtin-order) or set task.train_file=...")
-    if r.task.name:  # a local task's name is known too (its files' stem names it otherwise)
+    lm_tasks = ("phonebook", "instruct")  # a language model's finetuning tasks (ssmlm.train.parts.prompts)
+    if r.task.name and r.task.name not in lm_tasks:  # a local task's name is known too (its files' stem names it)
         from ssmlm.data.tasks import get_task
 
         try:
