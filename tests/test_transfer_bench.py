@@ -1,5 +1,6 @@
-"""benchmarks/transfer.py end to end at --quick size on a tiny generated corpus of three documents."""
+"""benchmarks/transfer.py (the data of experiments/transfer.yaml) and the shipped experiment files."""
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import english_lines
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "transfer.py"
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks" / "transfer.py"
 
 
 def load_bench():
@@ -17,70 +19,71 @@ def load_bench():
     return mod
 
 
-def test_passages_and_split():
+def test_passages_and_three_way_split():
     t = load_bench()
-    pars = t.paragraphs("CHAPTER I\n\n" + "\n\n".join(" ".join(english_lines(k, seed=k)) for k in range(1, 30)))
+    pars = t.paragraphs("CHAPTER I\n\n" + "\n\n".join(" ".join(english_lines(k, seed=k)) for k in range(1, 40)))
     assert pars[0] == "CHAPTER I" and "\n" not in pars[1]
-    train, held = t.split_document(pars)
-    assert len(held) == len(pars) - int(0.8 * len(pars)) and train + held == pars
+    train, val, test = t.split_document(pars)
+    assert train + val + test == pars and len(train) == int(0.8 * len(pars)) and abs(len(val) - len(test)) <= 1
     ps = t.passages(pars)
     assert ps and all(40 <= len(p.split()) <= 80 for p in ps)
     assert "CHAPTER" not in " ".join(ps)
 
 
-def write_corpus(root: Path) -> Path:
-    d = root / "corpus"
-    d.mkdir()
+def test_prepared_data_keeps_test_text_out_of_pretraining_and_validation(tmp_path, monkeypatch):
+    t = load_bench()
+    monkeypatch.setattr(t, "PER_CLASS", {"train": 20, "validation": 8, "test": 8})
+    monkeypatch.setattr(t, "ORDER", {"train": 96, "validation": 64, "test": 64})
+    docs = {}
     for i, name in enumerate(["alpha", "beta", "gamma"]):
-        lines = english_lines(480, seed=i)
-        paras = [" ".join(lines[j : j + 4]) for j in range(0, len(lines), 4)]
-        (d / f"{name}.txt").write_text(f"{name.upper()}\n\n" + "\n\n".join(paras) + "\n")
-    return d
+        lines = english_lines(1200, seed=i)
+        docs[name] = [" ".join(lines[j : j + 4]) for j in range(0, len(lines), 4)]
+    info = t.prepare_data(docs, tmp_path)
+    read = lambda name: [json.loads(x) for x in (tmp_path / "tasks" / name).read_text().splitlines()]  # noqa: E731
+    pre = " ".join(p.read_text() for p in (tmp_path / "pretrain").glob("*.txt"))
+    for task, field in (("novels", "text"), ("order", "sentence")):
+        val, test = read(f"{task}-val.jsonl"), read(f"{task}-test.jsonl")
+        assert val and test and len(read(f"{task}.jsonl")) == info[task]["train"]
+        assert not {r[field] for r in val} & {r[field] for r in test}
+        if task == "novels":  # passages are text as written (order rows may be shuffled)
+            assert all(r[field] not in pre for r in val + test)
+    novels = read("novels-test.jsonl")
+    assert sorted({r["label"] for r in novels}) == ["alpha", "beta", "gamma"] and len(novels) == 24
+    b_val, b_test = read("builtin-order-val.jsonl"), read("builtin-order-test.jsonl")
+    assert abs(len(b_val) - len(b_test)) <= 1 and not {r["sentence"] for r in b_val} & {r["sentence"] for r in b_test}
 
 
-def run_quick(t, tmp_path, *extra):
-    corpus = write_corpus(tmp_path)
-    out = tmp_path / "out"
-    args = ["--corpus", str(corpus), "--out", str(out), "--quick", "--steps", "12", "--lrs", "1e-3",
-            "--per-class-train", "16", "--per-class-validation", "8",
-            "--order-train", "96", "--order-validation", "32", *extra]  # fmt: skip
-    return args, out, t.main(args)
+def test_transfer_families_have_bigs_parameter_count():
+    """experiments/transfer.yaml's sizes: every family within 0.5% of BiGS's non-embedding parameters."""
+    import jax
+    from flax import nnx
+
+    from ssmlm.experiment.spec import load_experiment
+    from ssmlm.models import build_mlm
+    from ssmlm.recipe import load_recipe
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRANSFER_DATA", "/nonexistent")
+        mp.setenv("TRANSFER_CLASSES", "6")
+        exp = load_experiment(ROOT / "experiments" / "transfer.yaml")
+    counts = {}
+    for fam in ("bigs", "stack_ssm", "gmlp", "bert"):
+        s = exp.arms[f"{fam}-pretrained-novels"]["pretrain"]
+        cfg = dataclasses.replace(load_recipe(s.recipe, list(s.set)).model, vocab_size=8192)  # the tokenizer's
+        m = nnx.eval_shape(lambda cfg=cfg: build_mlm(cfg))
+        n = lambda mod: sum(x.size for x in jax.tree.leaves(nnx.state(mod, nnx.Param)))  # noqa: E731
+        counts[fam] = n(m.encoder) - n(m.encoder.embeddings)
+    for fam, c in counts.items():
+        assert abs(c / counts["bigs"] - 1) < 0.005, counts
 
 
-def check_cells(t, out, res, families, tasks):
-    saved = json.loads((out / "transfer.json").read_text())
-    assert saved["verdict"] == res["verdict"] and set(saved["verdict"]) == set(families)
-    assert (out / "transfer.md").read_text().startswith("# Transfer")
-    for fam in families:
-        f = saved["families"][fam]
-        assert f["random_init_equals_fresh_init"] and f["params"]["encoder"] > 0
-        assert t.same_as_fresh_init(Path(f["runs"]["random"]))
-        assert not t.same_as_fresh_init(Path(f["runs"]["pretrained"]))  # the check can fail
-        for task in tasks:
-            for start in t.STARTS:
-                acc = saved["best"][fam][task][start]["accuracy"]
-                assert acc is not None and 0.0 <= acc <= 1.0
-    return saved
+@pytest.mark.parametrize("name", ["smoke", "transfer", "birdie_fig1a", "birdie_fig1b"])
+def test_shipped_experiment_files_load(name, monkeypatch):
+    from ssmlm.experiment.spec import load_experiment
 
-
-@pytest.mark.slow  # 40 s on 2 cores (CI time); run with -m slow
-def test_quick_run_one_family(tmp_path):
-    t = load_bench()
-    _, out, res = run_quick(t, tmp_path, "--families", "bigs", "--tasks", "novels")
-    saved = check_cells(t, out, res, ["bigs"], ["novels"])
-    assert saved["tasks"]["novels"]["num_labels"] == 3
-    # The pretraining text is the first 80% only: no held-out passage reaches it.
-    pre = " ".join(p.read_text() for p in (out / "data" / "pretrain").glob("*.txt"))
-    held = [json.loads(ln)["text"] for ln in (out / "data" / "tasks" / "novels-val.jsonl").read_text().splitlines()]
-    assert held and all(h not in pre for h in held)
-
-
-@pytest.mark.slow
-def test_quick_run_every_family_and_task(tmp_path):
-    t = load_bench()
-    args, out, res = run_quick(t, tmp_path)
-    check_cells(t, out, res, t.FAMILIES, t.TASKS)
-    # Every run is reused on a second invocation.
-    again = t.main(args)
-    assert all(r["reused"] for r in again["runs"].values())
-    assert again["best"] == res["best"]
+    monkeypatch.setenv("TRANSFER_DATA", "/nonexistent")
+    monkeypatch.setenv("TRANSFER_CLASSES", "6")
+    exp = load_experiment(ROOT / "experiments" / f"{name}.yaml")
+    assert len(exp.seeds) >= 2 and all(exp.reference_of(a) in (None, *exp.arms) for a in exp.arms)
+    if name.startswith("birdie"):  # the same design for every arm
+        assert len({(a["finetune"], a["evaluate"], a["pretrain"].set) for a in exp.arms.values()}) == 1
