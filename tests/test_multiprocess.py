@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from conftest import tiny_recipe
 from flax import nnx
 from typer.testing import CliRunner
@@ -27,6 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # 25-40 s of two jax processes (CI time); run with -m slow
 def test_two_processes_equal_one(tmp_path, corpus_file):
     recipe = tiny_recipe(
         tmp_path / "r.yaml", corpus_file, model={"dropout": 0.0}, train={"steps": 4, "checkpoint_every": 2}

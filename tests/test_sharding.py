@@ -57,6 +57,7 @@ def test_one_device_equals_4x2_mesh(recipe, tmp_path):
     assert_same_params(tmp_path / "runs/one", tmp_path / "runs/eight")
 
 
+@pytest.mark.slow  # 40-75 s; the mesh equivalence above runs by default (CI time)
 def test_checkpoints_move_between_device_counts(recipe, tmp_path):
     os.chdir(tmp_path)
     r = runner.invoke(app, ["pretrain", str(recipe), "--name", "straight", "-q"])
