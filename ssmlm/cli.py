@@ -817,6 +817,9 @@ def _print_experiment_plan(exp, out_dir: Path) -> None:
         splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))
         where = " at each arm's selected grid point" if exp.grid else ""
         typer.echo(f"then evaluate ({splits}): {len(exp.arms) * len(exp.seeds)} runs{where}")
+    if "analyze" in exp.stages:
+        names = sorted({n for a in exp.arms.values() for n, _ in a["analyze"].analyses})
+        typer.echo(f"then analyze ({', '.join(names)}) each arm × seed's last run, in RUN/analysis")
     ref = exp.reference if isinstance(exp.reference, str) else "per arm (" + ", ".join(
         f"{a} vs {r}" for a, r in exp.reference.items()) + ")"  # fmt: skip
     typer.echo(f"metric {exp.metric} ({exp.metric.goal}), reference {ref}")

@@ -369,6 +369,7 @@ def test_analyze_stage_runs_each_arms_analysis_once(setup):
         load_experiment(path)
     path.write_text(yaml.safe_dump(body))
     out = setup["tmp"] / "out"
+    assert "then analyze (kernels) each arm × seed's last run" in invoke(path, out, "--dry-run").output
     r = invoke(path, out)
     assert r.exit_code == 0, r.output
     assert "[3/3] done analyze kernels random seed 0" in r.output
