@@ -347,7 +347,7 @@ def environment(sign: float, evals: int = 11) -> list[float]:
     return shares
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("sign", [1.0, pytest.param(-1.0, marks=pytest.mark.slow)])  # CI time
 def test_controller_learns_which_class_pays(sign):
     """After ~10 evaluations the chosen action puts clearly more than the start share (1/3) on the class that
     helps, and clearly less on it when it hurts (the same environment with the sign flipped)."""

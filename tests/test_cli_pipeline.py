@@ -66,6 +66,7 @@ def write_task(path: Path, n: int, seed: int):
         w.writerows(rows)
 
 
+@pytest.mark.slow  # 60-90 s (CI time); each stage has its own default tests, the experiment tests chain them
 def test_full_pipeline(tiny_recipes):
     tmp, runs = tiny_recipes
     os.chdir(tmp)

@@ -68,7 +68,8 @@ def test_gmlp_spatial_weights_grow_with_zero_offsets_and_unit_bias():
     np.testing.assert_allclose(np.asarray(tgt(ids)), np.asarray(src(ids)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", [pytest.param("bert", marks=pytest.mark.slow), "gmlp"])  # bert: CI time
+@pytest.mark.parametrize("arch", ["bert", "gmlp"])
+@pytest.mark.slow  # 25-35 s each (CI time); BiGS extends by default in test_cli_pipeline
 def test_extend_length_trains_at_4x(arch, tmp_path, corpus_file):
     os.chdir(tmp_path)
     heads = ", num_heads: 2" if arch == "bert" else ""  # gMLP has no num_heads

@@ -43,7 +43,7 @@ def lm_recipe(tmp_path: Path, corpus: Path, arch: str, mixture: str, bidirection
     "arch,mixture,bidirectional",
     [
         ("gated_ssm", "birdie", "alternate"),
-        ("transformer_lm", "clm", "none"),
+        pytest.param("transformer_lm", "clm", "none", marks=pytest.mark.slow),  # CI time (test_transformer_lm)
         # the other families' decoding is pinned in test_lm_models; end to end they only add time
         pytest.param("hawk", "ul2", "alternate", marks=pytest.mark.slow),
         pytest.param("gated_ssm_plus", "birdie_fixed", "all", marks=pytest.mark.slow),

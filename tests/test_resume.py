@@ -56,6 +56,7 @@ def test_stop_and_resume_equals_straight_run(recipe, tmp_path):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # CI time; test_restart_record kills a run by default
 def test_sigkill_resumes_from_last_complete_checkpoint(recipe, tmp_path):
     """Checkpoint every step so the kill very likely lands inside an (asynchronous) save."""
     os.chdir(tmp_path)
