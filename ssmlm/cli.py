@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from ssmlm import checks
+from ssmlm.data.config import LM_TASK_RECIPES
 from ssmlm.data.sources import check_inputs
 from ssmlm.errors import Interrupted, UserError
 from ssmlm.models.config import is_lm
@@ -438,7 +439,7 @@ def finetune(
     if ckpt:
         checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
     lm = is_lm(_run_arch(ckpt)) if ckpt else False
-    r = _load(recipe, set_, LM_FINETUNE_RECIPES.get(task, "lm_finetune") if lm else "finetune_default")
+    r = _load(recipe, set_, LM_TASK_RECIPES.get(task, "lm_finetune") if lm else "finetune_default")
     _check_training_options(name, stop_after)
     if not ckpt and is_lm(r.model.arch):
         raise UserError(f"--init random of a language model ({r.model.arch}) needs --ckpt RUN (its tokenizer)")
@@ -477,10 +478,6 @@ def finetune(
         _report_seeds(results, seed_list, _run_dir(r, f"{base_name}-seeds.json"))
 
 
-# a language model's finetuning recipe per task (the paper's settings)
-LM_FINETUNE_RECIPES = {"phonebook": "phonebook_finetune", "instruct": "instruct_finetune"}
-
-
 def _run_arch(ckpt: str) -> str:
     """model.arch of a run directory, read from its recipe.yaml without building anything."""
     import yaml
@@ -494,7 +491,7 @@ def _check_encoder_task(r) -> int:
     check_inputs(r, data=False)  # the corpus and tokenizer are the source run's
     from ssmlm.data.tasks import get_task
 
-    if r.task.name in LM_FINETUNE_RECIPES:  # a language model's task asked of an encoder: say what would work
+    if r.task.name in LM_TASK_RECIPES:  # a language model's task asked of an encoder: say what would work
         raise UserError(f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
                         "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
                         "finetune that")  # fmt: skip
@@ -505,9 +502,9 @@ def _check_encoder_task(r) -> int:
 
 def _check_lm_task(r, ckpt: str) -> int:
     # the language models' tasks (ssmlm.train.parts.prompts.LM_TASKS, whose import takes seconds), by their recipes
-    if r.task.name not in LM_FINETUNE_RECIPES:
+    if r.task.name not in LM_TASK_RECIPES:
         raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
-                        f"{', '.join(LM_FINETUNE_RECIPES)}")  # fmt: skip
+                        f"{', '.join(LM_TASK_RECIPES)}")  # fmt: skip
     if r.task.name == "instruct" and not r.task.train_file:
         raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
     return 0
@@ -570,28 +567,14 @@ def evaluate(
             raise UserError(f"{opt} '{path}': no such file or directory")
     checks.option("--limit", limit, checks.POSITIVE)
     with _starting("evaluate") as start:
-        from ssmlm.recipe import TaskConfig
         from ssmlm.runs import open_run
-        from ssmlm.train.evaluate import evaluate as run_evaluate
+        from ssmlm.train.evaluate import evaluate_run
 
         start.label = f"evaluate: opening {ckpt}"
         run = open_run(ckpt)
-        if run.recipe.objective.kind == "lm" and task:
-            from ssmlm.train.lm_evaluate import evaluate_lm_task
-
-            result = evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split)
-        else:
-            task_cfg = None
-            if task or validation_file or data_dir:
-                base = run.recipe.task if run.kind == "finetune" else TaskConfig()
-                task_cfg = dataclasses.replace(
-                    base,
-                    name=task or base.name,
-                    validation_file=validation_file or base.validation_file,
-                    data_dir=data_dir or base.data_dir,
-                )
-            sub_dir = Path(submission) if submission else None
-            result = run_evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=sub_dir)
+        result = evaluate_run(run, task, split=split, batch_size=batch_size, data_dir=data_dir,
+                              validation_file=validation_file, limit=limit,
+                              submission=Path(submission) if submission else None)  # fmt: skip
     _write_result(result, Path(out) if out else None, run)
 
 

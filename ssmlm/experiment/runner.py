@@ -193,14 +193,9 @@ def _evaluate(job: Job) -> tuple[dict, bool]:
     path = run.dir / "eval" / f"{job.task or run.info.get('task') or run.kind}-{job.split}.json"
     if path.is_file():
         return json.loads(path.read_text()), True
-    if run.recipe.objective.kind == "lm" and job.task:  # as `ssmlm evaluate --task phonebook` does
-        from ssmlm.train.lm_evaluate import evaluate_lm_task
+    from ssmlm.train.evaluate import evaluate_run  # what `ssmlm evaluate` runs
 
-        result = evaluate_lm_task(run, job.task, limit=job.limit, batch_size=min(job.batch_size, 8), split=job.split)
-    else:
-        from ssmlm.train.evaluate import evaluate
-
-        result = evaluate(run, None, split=job.split, batch_size=job.batch_size)
+    result = evaluate_run(run, job.task, split=job.split, batch_size=job.batch_size, limit=job.limit)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(result, indent=2))
     return result, False

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from ssmlm.data.config import LM_TASK_RECIPES
 from ssmlm.errors import UserError
 
 STAGES = ("pretrain", "finetune", "evaluate", "analyze")
@@ -346,8 +347,8 @@ def stage_overrides(s: Stage) -> list[str]:
 def _check_task(r, exp: Experiment, field: str, fail) -> None:
     if not (r.task.name or r.task.train_file):
         raise fail(field, "no task: give task: NAME (e.g. builtin-order) or set task.train_file=...")
-    lm_tasks = ("phonebook", "instruct")  # a language model's finetuning tasks (ssmlm.train.parts.prompts)
-    if r.task.name and r.task.name not in lm_tasks:  # a local task's name is known too (its files' stem names it)
+    # a language model's task is checked by its training code; a local task's name is known too (its files' stem)
+    if r.task.name and r.task.name not in LM_TASK_RECIPES:
         from ssmlm.data.tasks import get_task
 
         try:

@@ -47,6 +47,37 @@ def check_task(run: Run, task) -> None:
     )
 
 
+def evaluate_run(
+    run: Run,
+    task: str | None = None,
+    *,
+    split: str = "validation",
+    batch_size: int = 32,
+    data_dir: str | None = None,
+    validation_file: str | None = None,
+    limit: int | None = None,
+    submission: Path | None = None,
+) -> dict[str, Any]:
+    """What `ssmlm evaluate` (and an experiment's evaluate stage) runs: a language model asked for a task decodes
+    it (phone books, SQuAD, infilling, lm-eval:TASKS); anything else is scored on its own objective or task."""
+    if run.recipe.objective.kind == "lm" and task:
+        from ssmlm.train.lm_evaluate import evaluate_lm_task
+
+        return evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split)
+    task_cfg = None
+    if task or validation_file or data_dir:
+        from ssmlm.data.config import TaskConfig
+
+        base = run.recipe.task if run.kind == "finetune" else TaskConfig()
+        task_cfg = dataclasses.replace(
+            base,
+            name=task or base.name,
+            validation_file=validation_file or base.validation_file,
+            data_dir=data_dir or base.data_dir,
+        )
+    return evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=submission)
+
+
 def evaluate(
     run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32, submission: Path | None = None
 ) -> dict[str, Any]:
