@@ -378,3 +378,25 @@ def test_analyze_stage_runs_each_arms_analysis_once(setup):
     assert len(list((run / "eval").glob("*-test.json"))) == 1
     r2 = invoke(path, out)
     assert r2.exit_code == 0 and r2.output.count("(reused)") == 3, r2.output
+
+
+def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
+    """A budget sweep's pretraining runs differ 16x in length: the ETA is per step, and finetuning runs that
+    have not been timed yet are named rather than costed as pretraining runs."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from ssmlm.experiment.runner import Job, Outcome, Runner
+
+    def pre(key, steps):
+        return Job(key, "pretrain", key, Path(key), SimpleNamespace(train=SimpleNamespace(steps=steps)))
+
+    jobs = [pre("a", 200), pre("b", 800), pre("c", 3200)]
+    lines = []
+    r = Runner(Path("."), Counter(pretrain=3, finetune=2), steps=4200, echo=lines.append)
+    r._finish(jobs[0], Outcome(True, {}, 20.0))  # 0.1 s per step
+    assert lines[-1].endswith("4 to go, ETA 6m40s + the finetune runs (none timed yet)"), lines[-1]
+    r._finish(jobs[1], Outcome(True, {}, 0.0, reused=True))  # reused: no time, its steps are no longer to go
+    assert "ETA 5m20s +" in lines[-1], lines[-1]
+    r._finish(Job("f", "finetune", "f", Path("f")), Outcome(True, {}, 30.0))
+    assert lines[-1].endswith("2 to go, ETA 5m50s"), lines[-1]

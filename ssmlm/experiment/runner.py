@@ -245,12 +245,20 @@ def fmt_time(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def _steps(job: Job) -> int:
+    """A pretraining run's training steps (0 for the other kinds, timed per run)."""
+    return (job.recipe.train.steps or 0) if job.kind == "pretrain" and job.recipe is not None else 0
+
+
 class Runner:
     """Runs jobs in waves, one line per start and finish (runs done / total, ETA from the finished runs)."""
 
-    def __init__(self, out: Path, total: Counter, jobs: int = 1, verbose: bool = False, echo=print):
+    def __init__(self, out: Path, total: Counter, jobs: int = 1, verbose: bool = False, echo=print, steps: int = 0):
         self.out, self.jobs, self.verbose, self.echo = out, jobs, verbose, echo
         self.pending = Counter(total)  # kind -> runs not finished yet (the evaluations included)
+        # pretraining runs differ in length (a budget sweep: 200 to 3,200 steps), so they are timed per step
+        self.pending_steps = steps  # training steps of the pretraining runs not finished yet
+        self.step_seconds = [0.0, 0]  # seconds and steps of the pretraining runs that ran
         self.total = sum(total.values())
         self.done: dict[str, Outcome] = {}
         self.jobs_by_key: dict[str, Job] = {}
@@ -321,24 +329,38 @@ class Runner:
     def _finish(self, job: Job, o: Outcome, how: str | None = None) -> None:
         self.done[job.key] = o
         self.pending[job.kind] -= 1
+        steps = _steps(job)
+        self.pending_steps -= steps
         if o.ok and not o.reused:
             self.seconds.setdefault(job.kind, []).append(o.seconds)
+            if steps:
+                self.step_seconds[0] += o.seconds
+                self.step_seconds[1] += steps
         how = how or ("reused" if o.reused else fmt_time(o.seconds))
         what = "done" if o.ok else "FAILED"
         tail = "" if o.ok else f": {o.error}"
         self.echo(f"[{len(self.done)}/{self.total}] {what} {job.label} ({how}){tail}{self.eta()}")
 
     def eta(self) -> str:
-        """Remaining runs × the mean duration of their kind's finished runs (of any kind, where none yet)."""
+        """The pretraining steps left × the seconds per step so far, plus the other runs left × the mean duration
+        of their kind's finished runs; a kind none of whose runs has finished yet is named, not guessed."""
         left = sum(self.pending.values())
         if not left:
             return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
-        every = [s for v in self.seconds.values() for s in v]
-        if not every:
+        est, untimed = 0.0, []
+        for kind, n in self.pending.items():
+            if n <= 0:
+                continue
+            if kind == "pretrain" and self.step_seconds[1]:
+                est += self.pending_steps * self.step_seconds[0] / self.step_seconds[1]
+            elif self.seconds.get(kind):
+                est += n * sum(self.seconds[kind]) / len(self.seconds[kind])
+            else:
+                untimed.append(kind)
+        if len(untimed) == sum(1 for n in self.pending.values() if n > 0):
             return f" · {left} to go"
-        mean = lambda k: sum(self.seconds.get(k) or every) / len(self.seconds.get(k) or every)  # noqa: E731
-        est = sum(n * mean(k) for k, n in self.pending.items() if n > 0) / max(1, self.jobs)
-        return f" · {left} to go, ETA {fmt_time(est)}"
+        more = f" + the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
+        return f" · {left} to go, ETA {fmt_time(est / max(1, self.jobs))}{more}"
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -357,7 +379,7 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
     echo(f"experiment {exp.name}: {len(exp.arms)} arms × {len(exp.seeds)} seeds{grid}, "
          f"{sum(total.values())} runs under {out}")  # fmt: skip
-    runner = Runner(out, total, jobs, verbose, echo)
+    runner = Runner(out, total, jobs, verbose, echo, steps=sum(_steps(j) for j in plan.pretrain))
     runner.run(plan.pretrain)
     runner.run(plan.finetune)
     chosen, grids = select(exp, plan, runner.done)
