@@ -46,14 +46,26 @@ def distinct_at_small_size() -> list:
     return params
 
 
+@pytest.fixture(scope="module")
+def shared_corpus(tmp_path_factory):
+    """One corpus for the module: recipes with the same data settings then share its tokenizer and shards (the
+    cache is keyed by the corpus files), so each test is mostly its own program's compilation."""
+    from conftest import english_lines
+
+    d = tmp_path_factory.mktemp("corpus")
+    for i in range(40):
+        (d / f"doc{i:02d}.txt").write_text("\n".join(english_lines(30, seed=i)) + "\n")
+    return d
+
+
 @pytest.mark.parametrize("name", distinct_at_small_size())
-def test_recipe_trains_small(name, tmp_path, corpus_file):
+def test_recipe_trains_small(name, tmp_path, shared_corpus):
     from typer.testing import CliRunner
 
     from ssmlm.cli import app
 
     os.chdir(tmp_path)
-    sets = [*small_sets(name), f"data.source={corpus_file}", f"train.out_dir={tmp_path / 'runs'}"]
+    sets = [*small_sets(name), f"data.source={shared_corpus}", f"train.out_dir={tmp_path / 'runs'}"]
     args = ["pretrain", name, "--name", "smoke", "-q"] + [x for s in sets for x in ("--set", s)]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
