@@ -206,6 +206,15 @@ def test_experiment_runs_and_second_invocation_reuses_every_run(setup):
         json.loads((out / "results.json").read_text())["arms"]["pretrained"]["values"]
         == res["arms"]["pretrained"]["values"]
     )
+    # --jobs 2: worker processes reuse the same runs, and a run's "start" line appears when it starts (at most
+    # two running at once), not when it is queued
+    r3 = invoke(path, out, "--jobs", "2")
+    assert r3.exit_code == 0, r3.output
+    assert r3.output.count("(reused)") == 6
+    running = 0
+    for line in r3.output.splitlines():
+        running += (" start " in line) - (" done " in line)
+        assert running <= 2, r3.output
 
 
 def test_a_failing_arm_is_reported_failed_and_the_others_still_run(setup):

@@ -294,17 +294,24 @@ class Runner:
 
     def _pool(self, ready: list[Job]) -> None:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         ctx = multiprocessing.get_context("spawn")  # jax is not fork-safe
+        queue = list(reversed(ready))
         with ProcessPoolExecutor(min(self.jobs, len(ready)), mp_context=ctx) as pool:
             futures = {}
-            for job in ready:
+
+            def submit() -> None:  # one run per free worker, so that "start" is printed when a run starts
+                job = queue.pop()
                 self._start(job)
                 futures[pool.submit(_timed, job, self.verbose)] = job
+
+            for _ in range(min(self.jobs, len(queue))):
+                submit()
             try:
-                for f in as_completed(futures):
-                    job = futures[f]
+                while futures:
+                    f = next(iter(wait(futures, return_when=FIRST_COMPLETED).done))
+                    job = futures.pop(f)
                     try:
                         result, reused, dt = f.result()
                         self._finish(job, Outcome(True, result, dt, reused))
@@ -312,6 +319,8 @@ class Runner:
                         raise
                     except Exception as e:
                         self._finish(job, self._failed(job, e, "".join(traceback.format_exception(e))))
+                    if queue:
+                        submit()
             except (Interrupted, KeyboardInterrupt):
                 pool.shutdown(wait=True, cancel_futures=True)  # workers write their checkpoints on Ctrl-C
                 raise
@@ -347,7 +356,7 @@ class Runner:
         left = sum(self.pending.values())
         if not left:
             return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
-        est, untimed = 0.0, []
+        est, timed, untimed = 0.0, False, []
         for kind, n in self.pending.items():
             if n <= 0:
                 continue
@@ -357,7 +366,9 @@ class Runner:
                 est += n * sum(self.seconds[kind]) / len(self.seconds[kind])
             else:
                 untimed.append(kind)
-        if len(untimed) == sum(1 for n in self.pending.values() if n > 0):
+                continue
+            timed = True
+        if not timed:
             return f" · {left} to go"
         more = f" + the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
         return f" · {left} to go, ETA {fmt_time(est / max(1, self.jobs))}{more}"
