@@ -28,7 +28,11 @@ def recipe(tmp_path, corpus_file):
 
 
 def on_8_devices(tmp_path, *args):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
+        "PYTHONPATH": str(ROOT),
+    }
     r = subprocess.run([sys.executable, "-m", "ssmlm", *map(str, args)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
