@@ -250,11 +250,12 @@ def budget(results: dict, out: Path) -> str:
             lo, hi = rnd["low"], rnd["high"]
             if lo is not None:
                 ax.axhspan(100 * lo, 100 * hi, color="0.85", label="random init (95% CI)")
-            ax.axhline(100 * rnd["mean"], color="0.4", ls="--", lw=1)
+            ax.axhline(100 * rnd["mean"], color="0.4", ls="--", lw=1, label="random init (mean)")
         if xs:
             ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=4, color="tab:blue", label="pretrained (95% CI)")
         ax.set_xscale("log")
         ax.set_xticks(list(BUDGETS), [f"{s:,}" for s in BUDGETS])
+        ax.set_xticks([], minor=True)  # the log axis's minor labels (3x10^2, ...) would overprint the budgets
         ax.set_xlabel("MLM pretraining steps (BiGS)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(task, fontsize=10)

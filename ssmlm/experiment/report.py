@@ -112,33 +112,38 @@ def csv_row(name: str, a: dict) -> dict:
 
 
 def plot(res: dict, path: Path) -> Path:
-    """Each arm's mean with its 95% interval as an error bar, the seeds' values as dots, the reference's mean as a
-    dashed line; a failed arm is labelled so."""
+    """A forest plot, one row per arm (an experiment can have dozens, so names go on the y axis): each arm's mean
+    with its 95% interval, the seeds' values as dots, a single reference's mean as a dashed line; a failed arm is
+    labelled so."""
     from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
     names = list(res["arms"])
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 4))
-    for i, name in enumerate(names):
+    width = max(3.0, 0.075 * max(map(len, names)))  # room for the longest arm name, in inches
+    fig, ax = plt.subplots(figsize=(width + 6.5, 0.32 * len(names) + 1.3))
+    for y, name in enumerate(names):
         a = res["arms"][name]
         iv = a["interval"]
         if a["status"] != "ok" or not iv:
-            ax.annotate("failed", (i, 0.5), xycoords=("data", "axes fraction"), ha="center", color="tab:red")
+            ax.annotate("failed", (0.5, y), xycoords=("axes fraction", "data"), va="center", color="tab:red")
             continue
         vals = list(a["values"].values())
-        ax.scatter([i + 0.12] * len(vals), vals, s=14, color="0.5", zorder=2, label="seeds" if i == 0 else None)
+        ax.scatter(vals, [y + 0.18] * len(vals), s=12, color="0.5", zorder=2, label="seeds" if y == 0 else None)
         err = None
         if iv["low"] is not None:
             err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
-        ax.errorbar([i], [iv["mean"]], yerr=err, fmt="o", capsize=6, color="tab:blue", zorder=3)
+        ax.errorbar([iv["mean"]], [y], xerr=err, fmt="o", capsize=4, color="tab:blue", zorder=3,
+                    label="mean, 95% CI" if y == 0 else None)  # fmt: skip
     ref = res["arms"][res["reference"]] if isinstance(res["reference"], str) else {"interval": None}
     if ref["interval"]:
-        ax.axhline(ref["interval"]["mean"], ls="--", color="0.6", lw=1, label=f"{res['reference']} (reference)")
-    ax.set_xticks(range(len(names)), names)
-    ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_ylabel(res["metric"])
-    ax.set_title(f"{res['name']}: mean and 95% CI over {len(res['seeds'])} seeds", fontsize=10)
+        ax.axvline(ref["interval"]["mean"], ls="--", color="0.6", lw=1, label=f"{res['reference']} (reference)")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(len(names) - 0.5, -0.5)  # the file's order, top to bottom
+    ax.grid(axis="x", color="0.9", lw=0.6)
+    ax.set_xlabel(res["metric"])
+    n = len(res["seeds"])
+    ax.set_title(f"{res['name']}: mean and 95% CI over {n} seed{'s' if n != 1 else ''}", fontsize=10)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside, off the data
     fig.tight_layout()
     return save_figure(fig, path)
