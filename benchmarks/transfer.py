@@ -314,7 +314,7 @@ def main(argv=None) -> int:
         return 0
     rc = subprocess.run([sys.executable, "-m", "ssmlm", *cmd[1:]], env=env).returncode
     results = out / "experiment" / "results.json"
-    if a.dry_run or not results.is_file():
+    if a.dry_run or rc == 130 or not results.is_file():  # 130: interrupted (results.json is the previous one)
         return rc
     print(budget(json.loads(results.read_text()), out))
     print(f"wrote {out / 'budget.md'} and {out / 'budget.png'}")

@@ -409,3 +409,43 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     assert "ETA 5m20s +" in lines[-1], lines[-1]
     r._finish(Job("f", "finetune", "f", Path("f")), Outcome(True, {}, 30.0))
     assert lines[-1].endswith("2 to go, ETA 5m50s"), lines[-1]
+
+
+def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, corpus_file):
+    """`--jobs 2` with SIGINT sent to the experiment's process only (kill -INT, a scheduler): the parent passes it
+    on, each running run stops after its step with a checkpoint, and the command exits 130 in seconds (it used to
+    wait for the workers to finish their whole runs)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    long = tiny_recipe(setup["tmp"] / "long.yaml", corpus_file, train={"steps": 100000})
+    body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
+            "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
+    path = setup["tmp"] / "long-exp.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = setup["tmp"] / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "ssmlm", "experiment", str(path), "--out", str(out), "--jobs", "2"]
+    # a session of its own: the signal below reaches the parent only, as `kill -INT PID` does
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    metrics = [out / f"runs/a/seed{s}/pretrain/metrics.jsonl" for s in (0, 1)]
+    try:
+        deadline = time.time() + 300
+        while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):  # both runs are training
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)
+        text = proc.communicate(timeout=120)[0]
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:  # a failure above: no 100,000-step runs left behind (the workers watch the parent)
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, text
+    assert took < 60, f"{took:.0f} s from the signal to the exit"
+    for s in (0, 1):
+        assert any((out / f"runs/a/seed{s}/pretrain/checkpoints").iterdir()), text

@@ -225,6 +225,37 @@ def _analyze(job: Job) -> tuple[dict, bool]:
     return result, False
 
 
+def _worker_init() -> None:
+    """A pool worker leaves the terminal's process group, so that a Ctrl-C reaches only the parent, which then
+    passes exactly one SIGINT to every worker (stop after the current step, with a checkpoint; a second Ctrl-C
+    stops them at once) — also when the signal was sent to the parent alone (`kill -INT`). If the parent dies, the
+    worker stops the same way instead of finishing a run nobody waits for."""
+    import os
+    import signal
+    import threading
+
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="ssmlm-parent-watch", daemon=True).start()
+
+
+def _signal_workers() -> None:
+    import multiprocessing
+    import os
+    import signal
+
+    for p in multiprocessing.active_children():  # the pool's workers: this process starts no others
+        if p.pid is not None:
+            os.kill(p.pid, signal.SIGINT)
+
+
 def _timed(job: Job, verbose: bool) -> tuple[dict, bool, float]:
     t0 = time.time()
     result, reused = execute(job, verbose)
@@ -298,7 +329,7 @@ class Runner:
 
         ctx = multiprocessing.get_context("spawn")  # jax is not fork-safe
         queue = list(reversed(ready))
-        with ProcessPoolExecutor(min(self.jobs, len(ready)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(min(self.jobs, len(ready)), mp_context=ctx, initializer=_worker_init) as pool:
             futures = {}
 
             def submit() -> None:  # one run per free worker, so that "start" is printed when a run starts
@@ -322,7 +353,13 @@ class Runner:
                     if queue:
                         submit()
             except (Interrupted, KeyboardInterrupt):
-                pool.shutdown(wait=True, cancel_futures=True)  # workers write their checkpoints on Ctrl-C
+                _signal_workers()  # each stops after its current step and writes a checkpoint
+                while True:
+                    try:
+                        pool.shutdown(wait=True, cancel_futures=True)
+                        break
+                    except KeyboardInterrupt:  # a second Ctrl-C: the workers stop at once
+                        _signal_workers()
                 raise
 
     def _failed(self, job: Job, e: BaseException, trace: str) -> Outcome:
