@@ -71,7 +71,7 @@ def markdown(res: dict) -> str:
             row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv), delta, _ci(d) if d else "–"]
         lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
     text = [f"{res['name']}: {res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better), "
-            f"{len(res['seeds'])} seeds {res['seeds']}", "", *lines]  # fmt: skip
+            f"{len(res['seeds'])} seed{'s' if len(res['seeds']) != 1 else ''} {res['seeds']}", "", *lines]  # fmt: skip
     text += ["", f"95% CI: {res['interval']}."]
     if grid:
         text += ["Grid: the point with the best mean final validation metric was selected per arm; the numbers "
