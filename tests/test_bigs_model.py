@@ -52,9 +52,29 @@ def jitted(module, fn, key):
 
 def shape_count(make) -> tuple[int, int]:
     """(number of parameters, number of leaves) of a module built abstractly, without allocating."""
-    abstract = nnx.eval_shape(make)
-    leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
+    from ssmlm.models.flops import abstract
+
+    leaves = jax.tree.leaves(nnx.state(abstract(make), nnx.Param))
     return sum(math.prod(x.shape) for x in leaves), len(leaves)
+
+
+def test_abstract_builds_leave_jax_tracer_errors_as_they_were():
+    """The abstract build silences jax's costly tracer-origin messages only while it runs, also when it fails."""
+    from jax._src.interpreters import partial_eval as pe
+
+    from ssmlm.models.flops import abstract
+
+    before = pe.DynamicJaxprTracer._origin_msg
+    cfg = ModelConfig(vocab_size=V, num_layers=2, hidden_size=16, intermediate_size=32, max_seq_length=8, num_ssm=4)
+    assert shape_count(lambda: build_mlm(cfg))[0] == param_count_formula(cfg)["mlm_total"]
+    assert pe.DynamicJaxprTracer._origin_msg is before
+
+    def broken():
+        raise ValueError("no model")
+
+    with pytest.raises(ValueError, match="no model"):
+        abstract(broken)
+    assert pe.DynamicJaxprTracer._origin_msg is before
 
 
 # ----------------------------------------------------------------------------- independent numpy reference
