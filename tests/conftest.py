@@ -12,8 +12,9 @@ os.environ.setdefault("SSMLM_HOME", os.path.join(_TMP, "ssmlm"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_TMP, "jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The tests are compile-bound (tiny shapes, hundreds of programs): LLVM's optimisation passes halve the suite's
-# time and do not change what is computed (XLA's HLO passes, which fix the numerics, still run).
+# Most tests are compile-bound (tiny shapes, hundreds of programs): without LLVM's optimisation passes such files
+# take a quarter to a half less time, and what is computed does not change (XLA's HLO passes, which fix the
+# numerics, still run).
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 

@@ -71,7 +71,7 @@ def markdown(res: dict) -> str:
             row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv), delta, _ci(d) if d else "–"]
         lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
     text = [f"{res['name']}: {res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better), "
-            f"{len(res['seeds'])} seed{'s' if len(res['seeds']) != 1 else ''} {res['seeds']}", "", *lines]  # fmt: skip
+            f"{seeds(len(res['seeds']))} {res['seeds']}", "", *lines]  # fmt: skip
     text += ["", f"95% CI: {res['interval']}."]
     if grid:
         text += ["Grid: the point with the best mean final validation metric was selected per arm; the numbers "
@@ -101,6 +101,10 @@ def write(res: dict, out: Path) -> dict[str, Path]:
     write_csv(paths["csv"], COLUMNS, [csv_row(name, a) for name, a in res["arms"].items()])
     paths["png"] = plot(res, out / "results.png")
     return paths
+
+
+def seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def csv_row(name: str, a: dict) -> dict:
@@ -141,8 +145,7 @@ def plot(res: dict, path: Path) -> Path:
     ax.set_ylim(len(names) - 0.5, -0.5)  # the file's order, top to bottom
     ax.grid(axis="x", color="0.9", lw=0.6)
     ax.set_xlabel(res["metric"])
-    n = len(res["seeds"])
-    ax.set_title(f"{res['name']}: mean and 95% CI over {n} seed{'s' if n != 1 else ''}", fontsize=10)
+    ax.set_title(f"{res['name']}: mean and 95% CI over {seeds(len(res['seeds']))}", fontsize=10)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside, off the data
     fig.tight_layout()

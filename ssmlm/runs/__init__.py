@@ -29,9 +29,8 @@ import yaml
 from flax import nnx
 
 from ssmlm.errors import CheckpointError, UserError
-from ssmlm.models import build_pretraining_model
+from ssmlm.models import build_pretraining_model, flops
 from ssmlm.models.config import FAMILIES, ModelConfig, fields_of
-from ssmlm.models.flops import abstract
 from ssmlm.objectives.tasks import HEADS
 from ssmlm.recipe import MeshConfig, Recipe, from_dict
 from ssmlm.runs.checkpoint import load_params
@@ -58,8 +57,8 @@ class Run:
         cfg = self.recipe.model
         if self.kind == "finetune" and self.info.get("head") != "lm":  # a finetuned LM is still a whole LM
             head = HEADS[self.info.get("head", "classify")]
-            return abstract(lambda: head.build(cfg, self.info["num_labels"]))
-        return abstract(lambda: build_pretraining_model(cfg))
+            return flops.abstract(lambda: head.build(cfg, self.info["num_labels"]))
+        return flops.abstract(lambda: build_pretraining_model(cfg))
 
     def load_model(self, step: int | None = None):
         abstract = self.abstract_model()

@@ -158,8 +158,7 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
     """
     from flax import nnx
 
-    from ssmlm.models import build_classifier, build_mlm
-    from ssmlm.models.flops import abstract as abstract_model
+    from ssmlm.models import build_classifier, build_mlm, flops
 
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -175,9 +174,9 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
                 "BiGS checkpoint: has a pooler but no 2-D classifier/kernel; missing leaf classifier/kernel"
             )
         num_labels = int(flat["classifier/kernel"].shape[1])
-        abstract = abstract_model(lambda: build_classifier(cfg, num_labels))
+        abstract = flops.abstract(lambda: build_classifier(cfg, num_labels))
     else:
-        abstract = abstract_model(lambda: build_mlm(cfg))
+        abstract = flops.abstract(lambda: build_mlm(cfg))
     _, abs_params = nnx.split(abstract, nnx.Param)
     params = map_params(flat, abs_params)
     del flat  # the official arrays: half the peak memory of a full-size import
