@@ -82,7 +82,8 @@ def test_full_pipeline(tiny_recipes):
     assert json.loads(invoke("preprocess", tmp / "tiny.yaml", "-q").stdout)["path"] == str(data_dir)
     assert (data_dir / "metadata.json").stat().st_mtime_ns == stamp
 
-    # --- pretrain in a real process, interrupted with Ctrl-C after its first checkpoint
+    # --- pretrain in a real process, stopped by SIGTERM (a scheduler's notice; Ctrl-C: test_interrupt.py) after
+    # its first checkpoint: it stops after the step with a checkpoint, as on Ctrl-C
     run_dir = runs / "tiny"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
@@ -92,7 +93,7 @@ def test_full_pipeline(tiny_recipes):
     deadline = time.time() + 240
     while not (run_dir / "checkpoints" / "20").is_dir() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, output
     assert "run the same command again to resume" in output

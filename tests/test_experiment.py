@@ -411,22 +411,23 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     assert lines[-1].endswith("2 to go, ETA 5m50s"), lines[-1]
 
 
-def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, corpus_file):
-    """`--jobs 2` with SIGINT sent to the experiment's process only (kill -INT, a scheduler): the parent passes it
-    on, each running run stops after its step with a checkpoint, and the command exits 130 in seconds (it used to
-    wait for the workers to finish their whole runs)."""
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, corpus_file, signum):
+    """`--jobs 2` with SIGINT or SIGTERM sent to the experiment's process only (kill -INT, kill, a scheduler): the
+    parent passes SIGINT on, each running run stops after its step with a checkpoint, and the command exits 130 in
+    seconds (it used to wait for the workers to finish their whole runs)."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    long = tiny_recipe(setup["tmp"] / "long.yaml", corpus_file, train={"steps": 100000})
+    long = tiny_recipe(setup["tmp"] / f"long-{signum}.yaml", corpus_file, train={"steps": 100000})
     body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
             "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
-    path = setup["tmp"] / "long-exp.yaml"
+    path = setup["tmp"] / f"long-exp-{signum}.yaml"
     path.write_text(yaml.safe_dump(body))
-    out = setup["tmp"] / "out"
+    out = setup["tmp"] / f"out-{signum}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "ssmlm", "experiment", str(path), "--out", str(out), "--jobs", "2"]
     # a session of its own: the signal below reaches the parent only, as `kill -INT PID` does
@@ -439,7 +440,7 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
             assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
             time.sleep(0.1)
         sent = time.monotonic()
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, getattr(signal, signum))
         text = proc.communicate(timeout=120)[0]
         took = time.monotonic() - sent
     finally:

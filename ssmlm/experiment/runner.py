@@ -15,8 +15,10 @@ where one run does not already use every core.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import threading
 import time
 import traceback
 from collections import Counter
@@ -232,7 +234,6 @@ def _worker_init() -> None:
     worker stops the same way instead of finishing a run nobody waits for."""
     import os
     import signal
-    import threading
 
     if hasattr(os, "setpgrp"):
         os.setpgrp()
@@ -244,6 +245,24 @@ def _worker_init() -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=watch, name="ssmlm-parent-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (`kill`, a scheduler's notice) stops an experiment as Ctrl-C does: each running run after its step,
+    with a checkpoint (a run in this process takes SIGTERM itself, like Ctrl-C; pool workers get SIGINT)."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    previous = signal.signal(signal.SIGTERM, interrupt) if main else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _signal_workers() -> None:
@@ -307,12 +326,13 @@ class Runner:
                 continue
             self.started += 1
             self._finish(job, Outcome(False, error=self.done[failed].error), f"not run: {failed} failed")
-        if self.jobs > 1 and len(ready) > 1:
-            self._pool(ready)
-        else:
-            for job in ready:
-                self._start(job)
-                self._finish(job, self._in_process(job))
+        with _sigterm_as_ctrl_c():
+            if self.jobs > 1 and len(ready) > 1:
+                self._pool(ready)
+            else:
+                for job in ready:
+                    self._start(job)
+                    self._finish(job, self._in_process(job))
 
     def _in_process(self, job: Job) -> Outcome:
         try:

@@ -579,15 +579,18 @@ def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: La
 class CtrlC:
     """The first Ctrl-C only asks the loop to stop after the current step (it then saves a checkpoint);
     a KeyboardInterrupt raised at an arbitrary point could land inside an asynchronous checkpoint save
-    or between a step and the assignment of its donated buffers. A second Ctrl-C interrupts at once."""
+    or between a step and the assignment of its donated buffers. A second Ctrl-C interrupts at once.
+    SIGTERM (`kill`, a batch scheduler's notice before it kills the job) is taken the same way."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
         self.requested = False
-        self.previous = None
+        self.previous = {}
         # Whether Ctrl-C reaches this object: signal handlers can only be set on the main thread.
         self.active = threading.current_thread() is threading.main_thread()
         if self.active:
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame):
@@ -596,8 +599,8 @@ class CtrlC:
         self.requested = True
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for sig, previous in self.previous.items():
+            signal.signal(sig, previous)
 
 
 def interruptibly(work: Callable[[], Any], ctrl_c: CtrlC | None) -> Any:
