@@ -123,6 +123,12 @@ RELATIONS: list[Relation] = [
         ),
     ),
     Relation(
+        ("data.split_digits", "data.tokenizer_type"),
+        lambda r: r.data.split_digits,
+        lambda r: r.data.tokenizer_type == "byte_bpe" and r.data.tokenizer == "train",
+        lambda r: "false: it shapes a byte_bpe tokenizer trained on the corpus (data.tokenizer: train)",
+    ),
+    Relation(
         ("data.lowercase", "data.tokenizer_type"),
         lambda r: r.data.tokenizer_type == "byte_bpe",
         lambda r: not r.data.lowercase,

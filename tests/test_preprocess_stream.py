@@ -100,9 +100,17 @@ def test_masking_settings_do_not_change_the_fingerprint(tmp_path):
     masking = {k: v for k, v in {"masked_lm_prob": 0.3, "max_predictions": 7, "duplicate_factor": 2}.items()
                if k in names}  # fmt: skip
     assert prep.output_dir(dataclasses.replace(base, **masking), L) == prep.output_dir(base, L)
-    for change in ({"seed": 1}, {"packing": "full"}, {"short_seq_prob": 0.0}, {"lowercase": False}):
+    for change in (
+        {"seed": 1},
+        {"packing": "full"},
+        {"short_seq_prob": 0.0},
+        {"lowercase": False},
+        {"tokenizer_type": "byte_bpe", "split_digits": True},
+    ):
         assert prep.output_dir(dataclasses.replace(base, **change), L) != prep.output_dir(base, L), change
     assert prep.output_dir(base, 64) != prep.output_dir(base, L)
+    lm = dataclasses.replace(base, tokenizer_type="byte_bpe")
+    assert prep.output_dir(dataclasses.replace(lm, split_digits=True), L) != prep.output_dir(lm, L)
 
 
 def test_interrupted_run_resumes_without_repeating_or_losing_a_document(tmp_path, vocab, monkeypatch):

@@ -24,6 +24,9 @@ class DataConfig:
     tokenizer: str = "train"  # 'train' one on the corpus, or a vocab.txt / tokenizer.json path
     # wordpiece (the encoders'), or byte_bpe: a lossless byte-level BPE with the LM reserved tokens (LM recipes)
     tokenizer_type: Literal["wordpiece", "byte_bpe"] = "wordpiece"
+    # byte_bpe only: every digit its own token, as in Birdie's Llama-2 tokenizer. Without it a number's tokens depend
+    # on what precedes it ("5081" vs " 5081" share none), so copying a number means re-spelling it.
+    split_digits: bool = False
     vocab_size: int = 30522  # when training a tokenizer
     lowercase: bool = True
     max_seq_length: int | None = None  # None: the model's max_seq_length

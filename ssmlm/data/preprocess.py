@@ -108,6 +108,7 @@ def output_dir(
             "cfg": {f: getattr(cfg, f) for f in TOKEN_FIELDS},
             # only when not the default, so that WordPiece datasets keep the directories they had
             **({"tokenizer_type": cfg.tokenizer_type} if cfg.tokenizer_type != "wordpiece" else {}),
+            **({"split_digits": True} if cfg.split_digits else {}),
             "len": seq_len,
             "corpus": corpus_fingerprint(cfg.source, cfg.text_field, cfg.split, cfg.max_documents),
             "tok": "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer),
@@ -288,7 +289,7 @@ def _tokenizer(cfg: DataConfig, out: Path, host: int):
             stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
             lines = (line for doc in stream.documents for line in doc)
             if lm:
-                tok = train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size)
+                tok = train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)
             else:
                 tok = train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)
         else:  # the other hosts use host 0's tokenizer: training is not guaranteed to be bit-identical

@@ -77,11 +77,14 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     return {s.strip("[]").lower(): tok.token_to_id(s) for s in SPECIALS}
 
 
-def train_byte_bpe(lines: Iterable[str], vocab_size: int) -> Tokenizer:
+def train_byte_bpe(lines: Iterable[str], vocab_size: int, split_digits: bool = False) -> Tokenizer:
     """A byte-level BPE (GPT-2 style: every byte is in the base alphabet, so nothing is ever unknown), with
-    <|pad|> as id 0 and the reserved tokens next."""
+    <|pad|> as id 0 and the reserved tokens next. ``split_digits``: no merge ever joins a digit to anything (each
+    digit one token, as in Llama-2's tokenizer); decoding still gives back the exact text."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*digits, byte_level])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
