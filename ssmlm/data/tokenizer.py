@@ -83,8 +83,9 @@ def train_byte_bpe(lines: Iterable[str], vocab_size: int, split_digits: bool = F
     digit one token, as in Llama-2's tokenizer); decoding still gives back the exact text."""
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    digits = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
-    tok.pre_tokenizer = pre_tokenizers.Sequence([*digits, byte_level])
+    if split_digits:
+        byte_level = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
