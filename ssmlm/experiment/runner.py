@@ -253,11 +253,8 @@ def _sigterm_as_ctrl_c():
     with a checkpoint (a run in this process takes SIGTERM itself, like Ctrl-C; pool workers get SIGINT)."""
     import signal
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
     main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
-    previous = signal.signal(signal.SIGTERM, interrupt) if main else None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None  # KeyboardInterrupt
     try:
         yield
     finally:
