@@ -242,12 +242,12 @@ def budget(results: dict, out: Path) -> str:
             if iv:
                 xs.append(steps)
                 ys.append(100 * iv["mean"])
-                lo, hi = iv["low"], iv["high"]
+                lo, hi = bounds(iv)
                 err[0].append(0 if lo is None else 100 * (iv["mean"] - lo))
                 err[1].append(0 if hi is None else 100 * (hi - iv["mean"]))
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
         if rnd:
-            lo, hi = rnd["low"], rnd["high"]
+            lo, hi = bounds(rnd)
             if lo is not None:
                 ax.axhspan(100 * lo, 100 * hi, color="0.85", label="random init (95% CI)")
             ax.axhline(100 * rnd["mean"], color="0.4", ls="--", lw=1, label="random init (mean)")
@@ -267,12 +267,20 @@ def budget(results: dict, out: Path) -> str:
     return table
 
 
+def bounds(iv: dict) -> tuple[float | None, float | None]:
+    """The interval cut to [0, 1]: a t-interval over few seeds can pass an accuracy's bounds."""
+    if iv["low"] is None:
+        return None, None
+    return max(iv["low"], 0.0), min(iv["high"], 1.0)
+
+
 def cell(iv: dict | None) -> str:
     if not iv:
         return "–"
-    if iv["low"] is None:
+    lo, hi = bounds(iv)
+    if lo is None:
         return f"{100 * iv['mean']:.1f}"
-    return f"{100 * iv['mean']:.1f} [{100 * iv['low']:.1f}, {100 * iv['high']:.1f}]"
+    return f"{100 * iv['mean']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def diff_ci(d: dict) -> str:

@@ -87,3 +87,14 @@ def test_shipped_experiment_files_load(name, monkeypatch):
     assert len(exp.seeds) >= 2 and all(exp.reference_of(a) in (None, *exp.arms) for a in exp.arms)
     if name.startswith("birdie"):  # the same design for every arm
         assert len({(a["finetune"], a["evaluate"], a["pretrain"].set) for a in exp.arms.values()}) == 1
+
+
+def test_budget_table_cuts_intervals_at_the_accuracy_bounds(tmp_path):
+    """A t-interval over 3 seeds can pass 100%; the budget table and plot show it cut at [0, 100]."""
+    t = load_bench()
+    iv = lambda m, lo, hi: {"n": 3, "mean": m, "low": lo, "high": hi}  # noqa: E731
+    arms = {f"bigs-random-{task}": {"interval": iv(0.9, 0.8, 1.0)} for task in t.TASKS}
+    arms["bigs-pretrained200-order"] = {"interval": iv(0.85, 0.69, 1.014), "difference": iv(-0.05, -0.2, 0.1)}
+    table = t.budget({"arms": arms}, tmp_path)
+    assert "85.0 [69.0, 100.0]; Δ -5.0 [-20.0, +10.0]" in table and "101.4" not in table
+    assert (tmp_path / "budget.png").stat().st_size > 0
