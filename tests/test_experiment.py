@@ -415,7 +415,7 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
 def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, corpus_file, signum):
     """`--jobs 2` with SIGINT or SIGTERM sent to the experiment's process only (kill -INT, kill, a scheduler): the
     parent passes SIGINT on, each running run stops after its step with a checkpoint, and the command exits 130 in
-    seconds (it used to wait for the workers to finish their whole runs)."""
+    seconds (it used to wait for the workers to finish their whole runs), also when started with SIGINT ignored."""
     import os
     import signal
     import subprocess
@@ -429,7 +429,11 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
     path.write_text(yaml.safe_dump(body))
     out = setup["tmp"] / f"out-{signum}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "ssmlm", "experiment", str(path), "--out", str(out), "--jobs", "2"]
+    # started with SIGINT ignored, as a job started with `&` from a script is (and as everything is under a CI
+    # runner started that way): `kill -INT` must stop it all the same
+    shim = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.argv[0] = 'ssmlm'; "
+            "runpy.run_module('ssmlm', run_name='__main__')")  # fmt: skip
+    cmd = [sys.executable, "-c", shim, "experiment", str(path), "--out", str(out), "--jobs", "2"]
     # a session of its own: the signal below reaches the parent only, as `kill -INT PID` does
     proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip

@@ -248,18 +248,21 @@ def _worker_init() -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c():
-    """SIGTERM (`kill`, a scheduler's notice) stops an experiment as Ctrl-C does: each running run after its step,
-    with a checkpoint (a run in this process takes SIGTERM itself, like Ctrl-C; pool workers get SIGINT)."""
+def _signals_as_ctrl_c():
+    """SIGINT and SIGTERM (`kill -INT`, `kill`, a scheduler's notice) stop an experiment as Ctrl-C does: each running
+    run after its step, with a checkpoint (a run in this process takes them itself; pool workers get SIGINT). SIGINT
+    too is set here, because a job started with `&` from a script inherits it ignored, and `ssmlm pretrain` (its
+    CtrlC) takes it all the same."""
     import signal
 
     main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None  # KeyboardInterrupt
+    signals = (signal.SIGINT, signal.SIGTERM) if main else ()
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in signals}  # KeyboardInterrupt
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _signal_workers() -> None:
@@ -323,7 +326,7 @@ class Runner:
                 continue
             self.started += 1
             self._finish(job, Outcome(False, error=self.done[failed].error), f"not run: {failed} failed")
-        with _sigterm_as_ctrl_c():
+        with _signals_as_ctrl_c():
             if self.jobs > 1 and len(ready) > 1:
                 self._pool(ready)
             else:
