@@ -1,6 +1,7 @@
 """`ssmlm experiment FILE.yaml`: the file's one-line errors, resumption, a failed arm, grid selection on validation
 with the report on test, the interval arithmetic (against scipy.stats) and `finetune --init random`."""
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -454,3 +455,64 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
     assert took < 60, f"{took:.0f} s from the signal to the exit"
     for s in (0, 1):
         assert any((out / f"runs/a/seed{s}/pretrain/checkpoints").iterdir()), text
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc")
+def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
+    """The experiment's process killed outright (SIGKILL, an out-of-memory kill): each pool worker stops its run
+    after the step with a checkpoint, then exits instead of waiting for work that will never come."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    long = tiny_recipe(setup["tmp"] / "long-kill.yaml", corpus_file, train={"steps": 100000})
+    body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
+            "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
+    path = setup["tmp"] / "long-exp-kill.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = setup["tmp"] / "out-kill"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "ssmlm", "experiment", str(path), "--out", str(out), "--jobs", "2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+
+    def children() -> list[int]:
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    pids.append(int(d.name))
+            except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+                pass
+        return pids
+
+    def alive(pid: int) -> bool:  # an exited worker nobody reaped yet (a zombie) counts as gone
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    metrics = [out / f"runs/a/seed{s}/pretrain/metrics.jsonl" for s in (0, 1)]
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):  # both runs are training
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        workers = [p for p in children() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) == 2, workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 120
+        while any(map(alive, workers)) and time.time() < deadline:
+            time.sleep(0.2)
+        left = [p for p in workers if alive(p)]
+        assert not left, f"workers still running {left}"
+    finally:
+        for p in workers:  # a failure above: nothing left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+    for s in (0, 1):
+        assert any((out / f"runs/a/seed{s}/pretrain/checkpoints").iterdir())

@@ -231,7 +231,8 @@ def _worker_init() -> None:
     """A pool worker leaves the terminal's process group, so that a Ctrl-C reaches only the parent, which then
     passes exactly one SIGINT to every worker (stop after the current step, with a checkpoint; a second Ctrl-C
     stops them at once) — also when the signal was sent to the parent alone (`kill -INT`). If the parent dies, the
-    worker stops the same way instead of finishing a run nobody waits for."""
+    worker stops the same way instead of finishing a run nobody waits for, and then exits: no parent will send it
+    work or its exit sentinel."""
     import os
     import signal
 
@@ -243,6 +244,9 @@ def _worker_init() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGINT)
+        while _RUNNING.is_set():  # the run checkpoints and returns
+            time.sleep(0.2)
+        os._exit(130)
 
     threading.Thread(target=watch, name="ssmlm-parent-watch", daemon=True).start()
 
@@ -275,9 +279,16 @@ def _signal_workers() -> None:
             os.kill(p.pid, signal.SIGINT)
 
 
+_RUNNING = threading.Event()  # in a pool worker: a run is going
+
+
 def _timed(job: Job, verbose: bool) -> tuple[dict, bool, float]:
     t0 = time.time()
-    result, reused = execute(job, verbose)
+    _RUNNING.set()
+    try:
+        result, reused = execute(job, verbose)
+    finally:
+        _RUNNING.clear()
     return result, reused, time.time() - t0
 
 
