@@ -3,7 +3,9 @@ with the report on test, the interval arithmetic (against scipy.stats) and `fine
 
 import contextlib
 import json
+import os
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -412,38 +414,49 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     assert lines[-1].endswith("2 to go, ETA 5m50s"), lines[-1]
 
 
+def start_long_experiment(setup, corpus_file, name: str, prefix: list[str], **popen):
+    """Start `ssmlm experiment --jobs 2` on two 100,000-step pretrainings in a session of its own (a signal sent to
+    its pid reaches the parent only, as `kill PID` does); return once both runs are training."""
+    import subprocess
+    import time
+
+    long = tiny_recipe(setup["tmp"] / f"long-{name}.yaml", corpus_file, train={"steps": 100000})
+    body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
+            "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
+    path = setup["tmp"] / f"long-exp-{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = setup["tmp"] / f"out-{name}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [*prefix, "experiment", str(path), "--out", str(out), "--jobs", "2"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
+    metrics = [out / f"runs/a/seed{s}/pretrain/metrics.jsonl" for s in (0, 1)]
+    try:
+        deadline = time.time() + 300
+        while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc, [out / f"runs/a/seed{s}/pretrain/checkpoints" for s in (0, 1)]
+
+
 @pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, corpus_file, signum):
     """`--jobs 2` with SIGINT or SIGTERM sent to the experiment's process only (kill -INT, kill, a scheduler): the
     parent passes SIGINT on, each running run stops after its step with a checkpoint, and the command exits 130 in
     seconds (it used to wait for the workers to finish their whole runs), also when started with SIGINT ignored."""
-    import os
-    import signal
     import subprocess
     import sys
     import time
 
-    long = tiny_recipe(setup["tmp"] / f"long-{signum}.yaml", corpus_file, train={"steps": 100000})
-    body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
-            "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
-    path = setup["tmp"] / f"long-exp-{signum}.yaml"
-    path.write_text(yaml.safe_dump(body))
-    out = setup["tmp"] / f"out-{signum}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # started with SIGINT ignored, as a job started with `&` from a script is (and as everything is under a CI
     # runner started that way): `kill -INT` must stop it all the same
     shim = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.argv[0] = 'ssmlm'; "
             "runpy.run_module('ssmlm', run_name='__main__')")  # fmt: skip
-    cmd = [sys.executable, "-c", shim, "experiment", str(path), "--out", str(out), "--jobs", "2"]
-    # a session of its own: the signal below reaches the parent only, as `kill -INT PID` does
-    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    metrics = [out / f"runs/a/seed{s}/pretrain/metrics.jsonl" for s in (0, 1)]
+    proc, checkpoints = start_long_experiment(setup, corpus_file, signum, [sys.executable, "-c", shim],
+                                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        deadline = time.time() + 300
-        while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):  # both runs are training
-            assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.1)
         sent = time.monotonic()
         os.kill(proc.pid, getattr(signal, signum))
         text = proc.communicate(timeout=120)[0]
@@ -453,30 +466,20 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, text
     assert took < 60, f"{took:.0f} s from the signal to the exit"
-    for s in (0, 1):
-        assert any((out / f"runs/a/seed{s}/pretrain/checkpoints").iterdir()), text
+    for c in checkpoints:
+        assert any(c.iterdir()), text
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc")
 def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
     """The experiment's process killed outright (SIGKILL, an out-of-memory kill): each pool worker stops its run
     after the step with a checkpoint, then exits instead of waiting for work that will never come."""
-    import os
-    import signal
     import subprocess
     import sys
     import time
 
-    long = tiny_recipe(setup["tmp"] / "long-kill.yaml", corpus_file, train={"steps": 100000})
-    body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
-            "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
-    path = setup["tmp"] / "long-exp-kill.yaml"
-    path.write_text(yaml.safe_dump(body))
-    out = setup["tmp"] / "out-kill"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "ssmlm", "experiment", str(path), "--out", str(out), "--jobs", "2"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc, checkpoints = start_long_experiment(setup, corpus_file, "kill", [sys.executable, "-m", "ssmlm"],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def children() -> list[int]:
         pids = []
@@ -494,13 +497,8 @@ def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
         except OSError:
             return False
 
-    metrics = [out / f"runs/a/seed{s}/pretrain/metrics.jsonl" for s in (0, 1)]
     workers: list[int] = []
     try:
-        deadline = time.time() + 300
-        while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):  # both runs are training
-            assert time.time() < deadline and proc.poll() is None
-            time.sleep(0.1)
         workers = [p for p in children() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
         assert len(workers) == 2, workers
         os.kill(proc.pid, signal.SIGKILL)
@@ -511,8 +509,10 @@ def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
         left = [p for p in workers if alive(p)]
         assert not left, f"workers still running {left}"
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         for p in workers:  # a failure above: nothing left behind
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
-    for s in (0, 1):
-        assert any((out / f"runs/a/seed{s}/pretrain/checkpoints").iterdir())
+    for c in checkpoints:
+        assert any(c.iterdir())
