@@ -229,7 +229,7 @@ def test_gated_ssm_layer_parameter_count():
 
 
 @pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("arch", RECURRENT)
+@pytest.mark.parametrize("arch", [*RECURRENT, "transformer_lm"])
 def test_param_count_formula(arch, tie):
     cfg = tiny(arch, state_size=24, num_layers=3, tie_embeddings=tie)
     abstract = flops_abstract(lambda: build_lm(cfg))

@@ -256,7 +256,7 @@ def param_rules(cfg: LMConfig) -> list[ParamRule]:
 
 
 def param_count_formula(cfg: LMConfig) -> dict[str, int]:
-    """Closed-form parameter counts of the recurrent archs (the Transformer's block is counted by its module)."""
+    """Closed-form parameter counts of every LM arch (a test holds each to its module's count)."""
     d, n, v, w, m = cfg.hidden_size, cfg.state_size, cfg.vocab_size, cfg.conv_width, mlp_width(cfg)
     mlp = d + 3 * d * m  # norm scale, W_gate, W_up, W_down
     if cfg.arch == "gated_ssm":  # norm, W_i W_z W_o W_f (d→N, bias), W_out (N→d, bias)
@@ -266,8 +266,10 @@ def param_count_formula(cfg: LMConfig) -> dict[str, int]:
         per_layer = d + (d * n + n) + conv + 3 * (c * n + n) + (n * d + d) + mlp
     elif cfg.arch == "hawk":  # norm, W_gate W_input W_output (no bias), conv, W_a W_x (N→N, bias), Λ, MLP
         per_layer = d + 3 * d * n + w * n + n + 2 * (n * n + n) + n + mlp
+    elif cfg.arch == "transformer_lm":  # norm, W_q W_k W_v W_o (no bias), SwiGLU MLP
+        per_layer = d + 4 * d * d + mlp
     else:
-        raise NotImplementedError(f"no closed-form parameter count for {cfg.arch}")
+        raise ValueError(f"unknown LM arch {cfg.arch!r}")
     embeddings = v * d
     head = 0 if cfg.tie_embeddings else d * v
     non_embedding = per_layer * cfg.num_layers + d  # + final norm
