@@ -89,6 +89,9 @@ def invoke(path: Path, out: Path, *extra: str):
         ({"metric": "evaluate:accuracy"}, "stage 'evaluate' is not in stages"),
         ({"reference": "nope"}, "reference: 'nope' is not an arm (arms: pretrained, random)"),
         ({"goal": "up"}, "goal: 'up': expected max or min"),
+        ({"bounds": [1, 0]}, "bounds: [1, 0]: expected [LOW, HIGH] with LOW < HIGH"),
+        ({"bounds": 1}, "bounds: 1: expected [LOW, HIGH]"),
+        ({"bounds": [True, 2]}, "bounds: [True, 2]: expected [LOW, HIGH]"),
         ({"colour": 1}, "colour: unknown key"),
         ({"grid": {"finetune": {"train.learning_rate": [1e-3, 1e-4]}}}, "grid: the best point is selected on "),
     ],
@@ -352,6 +355,36 @@ def test_per_arm_references_in_the_report():
     assert res["arms"]["a0"]["difference"] is None and res["arms"]["a1"]["reference"] == "a0"
     md = markdown(res)
     assert "Δ vs its reference (paired)" in md and "| +0.1 vs a0 |" in md
+
+
+def test_intervals_past_the_metrics_bounds_are_cut_in_the_table_and_plot_not_in_the_json(setup, tmp_path):
+    """Three seeds of an accuracy near 1: the t-interval reaches past 1. results.md and the plot cut it at the
+    metric's bounds (an accuracy's [0, 1] by default) and say so; .json and .csv keep it as computed."""
+    from ssmlm.experiment.report import markdown, summarize, write
+    from ssmlm.experiment.spec import Experiment, Metric
+
+    bounds = lambda **change: load_experiment(write_experiment(setup, **change)).metric.bounds  # noqa: E731
+    assert bounds() == (0.0, 1.0)  # finetune:accuracy
+    assert bounds(bounds=None) is None  # `bounds: null`
+    assert bounds(metric="pretrain:loss") is None
+    assert bounds(metric="finetune:f1", bounds=[0, 100]) == (0.0, 100.0)
+    exp = Experiment(Path("x.yaml"), (0, 1, 2), ("finetune",), Metric("finetune", "accuracy", "max", (0.0, 1.0)),
+                     "a", {"a": {}, "b": {}}, {})  # fmt: skip
+    vals = {"a": [0.6, 0.9, 0.99], "b": [0.5, 0.5, 0.52]}
+    arms = {k: {"status": "ok", "error": None, "values": dict(enumerate(v)), "runs": {}} for k, v in vals.items()}
+    res = summarize(exp, arms, 1.0)
+    high = res["arms"]["a"]["interval"]["high"]
+    assert high > 1.0  # the t-interval as computed
+    md = markdown(res)
+    assert f"[{res['arms']['a']['interval']['low']:.4g}, 1]* t" in md, md
+    assert "*: cut at the metric's bounds [0, 1]" in md
+    paths = write(res, tmp_path)
+    assert json.loads(paths["json"].read_text())["arms"]["a"]["interval"]["high"] == high
+    assert f"{high}" in paths["csv"].read_text()
+    # nothing past the bounds: no mark, no note
+    arms["a"]["values"] = {0: 0.6, 1: 0.62, 2: 0.64}
+    md = markdown(summarize(exp, arms, 1.0))
+    assert "*" not in md, md
 
 
 def test_seeds_option_runs_the_first_n_seeds(setup):

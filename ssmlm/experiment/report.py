@@ -28,7 +28,9 @@ def summarize(exp: Experiment, arms: dict[str, dict], seconds: float) -> dict:
         a["difference"] = diff
     return {
         "experiment": str(exp.path), "name": exp.name, "description": exp.description,
-        "metric": str(exp.metric), "goal": exp.metric.goal, "reference": exp.reference, "seeds": list(exp.seeds),
+        "metric": str(exp.metric), "goal": exp.metric.goal,
+        "bounds": list(exp.metric.bounds) if exp.metric.bounds else None,
+        "reference": exp.reference, "seeds": list(exp.seeds),
         "stages": list(exp.stages), "grid": exp.grid, "level": LEVEL,
         "interval": f"Student t for n < {BOOTSTRAP_FROM} seeds, percentile bootstrap ({BOOTSTRAP_RESAMPLES:,} "
                     f"resamples) from {BOOTSTRAP_FROM}; differences: paired by seed, Student t",
@@ -40,12 +42,22 @@ def fmt(v) -> str:
     return "–" if v is None else f"{v:.4g}"
 
 
+def cut(iv: dict | None, bounds: list | None, difference: bool = False) -> dict | None:
+    """The interval cut at the metric's bounds (a difference's at ±their span): a t-interval from few seeds can
+    reach past what the metric can be, e.g. an accuracy of 1.3. ``cut`` is set when it was."""
+    if not iv or iv["low"] is None or not bounds:
+        return iv
+    lo, hi = bounds if not difference else (bounds[0] - bounds[1], bounds[1] - bounds[0])
+    low, high = max(iv["low"], lo), min(iv["high"], hi)
+    return {**iv, "low": low, "high": high, "cut": (low, high) != (iv["low"], iv["high"])}
+
+
 def _ci(iv: dict | None) -> str:
     if not iv:
         return "–"
     if iv["low"] is None:
         return "– (n = 1)"
-    return f"[{fmt(iv['low'])}, {fmt(iv['high'])}] {iv['method']}"
+    return f"[{fmt(iv['low'])}, {fmt(iv['high'])}]{'*' if iv.get('cut') else ''} {iv['method']}"
 
 
 def markdown(res: dict) -> str:
@@ -56,9 +68,10 @@ def markdown(res: dict) -> str:
     delta_head = f"Δ vs {ref} (paired)" if one_ref else "Δ vs its reference (paired)"
     head = ["arm", "n", "mean", "95% CI", delta_head, "Δ 95% CI"] + (["selected"] if grid else [])
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---|" + ("---|" if grid else "")]
-    notes = []
+    notes, bounds, was_cut = [], res.get("bounds"), False
     for name, a in res["arms"].items():
-        iv, d = a["interval"], a["difference"]
+        iv, d = cut(a["interval"], bounds), cut(a["difference"], bounds, difference=True)
+        was_cut |= any((x or {}).get("cut", False) for x in (iv, d))
         if a["status"] != "ok":
             row = [name, "–", "failed", "–", "–", "–"]
             notes.append(f"- {name} failed: {a['error']}")
@@ -73,6 +86,10 @@ def markdown(res: dict) -> str:
     text = [f"{res['name']}: {res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better), "
             f"{seeds(len(res['seeds']))} {res['seeds']}", "", *lines]  # fmt: skip
     text += ["", f"95% CI: {res['interval']}."]
+    if was_cut:
+        lo, hi = bounds
+        text += [f"*: cut at the metric's bounds [{lo:g}, {hi:g}] (a difference's at ±{hi - lo:g}); "
+                 "results.json and .csv keep every interval as computed."]  # fmt: skip
     if grid:
         text += ["Grid: the point with the best mean final validation metric was selected per arm; the numbers "
                  "above are the separate test split's."]  # fmt: skip
@@ -122,7 +139,7 @@ def plot(res: dict, path: Path) -> Path:
     from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
-    names = list(res["arms"])
+    names, was_cut = list(res["arms"]), False
     width = max(3.0, 0.075 * max(map(len, names)))  # room for the longest arm name, in inches
     fig, ax = plt.subplots(figsize=(width + 6.5, 0.32 * len(names) + 1.3))
     for y, name in enumerate(names):
@@ -133,7 +150,8 @@ def plot(res: dict, path: Path) -> Path:
             continue
         vals = list(a["values"].values())
         ax.scatter(vals, [y + 0.18] * len(vals), s=12, color="0.5", zorder=2, label="seeds" if y == 0 else None)
-        err = None
+        err, iv = None, cut(iv, res.get("bounds"))
+        was_cut |= bool(iv.get("cut"))
         if iv["low"] is not None:
             err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
         ax.errorbar([iv["mean"]], [y], xerr=err, fmt="o", capsize=4, color="tab:blue", zorder=3,
@@ -144,7 +162,13 @@ def plot(res: dict, path: Path) -> Path:
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_ylim(len(names) - 0.5, -0.5)  # the file's order, top to bottom
     ax.grid(axis="x", color="0.9", lw=0.6)
-    ax.set_xlabel(res["metric"])
+    if res.get("bounds"):  # the axis ends where the metric does, or just inside the data
+        lo, hi = res["bounds"]
+        left, right = ax.get_xlim()
+        pad = 0.02 * (hi - lo)
+        ax.set_xlim(max(left, lo - pad), min(right, hi + pad))
+    note = " (intervals cut at its bounds [{:g}, {:g}])".format(*res["bounds"]) if was_cut else ""
+    ax.set_xlabel(res["metric"] + note)
     ax.set_title(f"{res['name']}: mean and 95% CI over {seeds(len(res['seeds']))}", fontsize=10)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside, off the data

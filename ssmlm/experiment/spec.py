@@ -7,6 +7,8 @@ random``.
     stages: [pretrain, finetune]       # consecutive, from pretrain or finetune: pretrain, finetune, evaluate, analyze
     metric: finetune:accuracy          # STAGE:FIELD (pretrain/finetune: final validation; evaluate: its metrics)
     goal: max                          # optional: max or min (default: min for *loss*/perplexity, else max)
+    bounds: [0, 1]                     # optional: the metric's range, where results.md and the plot cut its
+                                       # intervals (default [0, 1] for *accuracy, else none; null: none)
     reference: random                  # the arm the others are compared with, paired by seed; or a mapping
                                        # ARM: ITS_REFERENCE (e.g. hawk-birdie: hawk-clm; others: no difference)
     arms:
@@ -45,7 +47,7 @@ STAGE_KEYS = {
     "finetune": {"recipe", "set", "task", "init", "ckpt"},
     "evaluate": {"split", "batch_size", "task", "limit"},
 }
-TOP_KEYS = {"description", "seeds", "stages", "metric", "goal", "reference", "arms", "grid"}
+TOP_KEYS = {"description", "seeds", "stages", "metric", "goal", "bounds", "reference", "arms", "grid"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 LOWER_IS_BETTER = ("loss", "perplexity", "error")
@@ -75,6 +77,7 @@ class Metric:
     stage: str
     field: str
     goal: str  # max | min
+    bounds: tuple[float, float] | None = None  # the metric's range (an accuracy's [0, 1]); None: unbounded
 
     def __str__(self) -> str:
         return f"{self.stage}:{self.field}"
@@ -151,7 +154,7 @@ def load_experiment(path: str | Path) -> Experiment:
     seeds = _seeds(raw["seeds"], fail)
     stages = _stages(raw["stages"], fail)
     arms = {name: _arm(name, body, stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
-    metric = _metric(raw["metric"], raw.get("goal"), stages, fail)
+    metric = _metric(raw["metric"], raw.get("goal"), raw.get("bounds", "default"), stages, fail)
     reference = _reference(raw["reference"], arms, fail)
     grid = _grid(raw.get("grid"), stages, fail)
     exp = Experiment(p, seeds, stages, metric, reference, arms, grid, str(raw.get("description") or ""))
@@ -290,7 +293,7 @@ def _starts_elsewhere(arm: dict[str, Stage]) -> bool:
     return ft is not None and (ft.init == "random" or bool(ft.ckpt))
 
 
-def _metric(v, goal, stages, fail) -> Metric:
+def _metric(v, goal, bounds, stages, fail) -> Metric:
     if not isinstance(v, str) or v.count(":") != 1 or not all(v.split(":")):
         raise fail("metric", f"{v!r}: expected STAGE:FIELD, e.g. finetune:accuracy or evaluate:accuracy")
     stage, field = v.split(":")
@@ -302,7 +305,14 @@ def _metric(v, goal, stages, fail) -> Metric:
         goal = "min" if any(w in field.lower() for w in LOWER_IS_BETTER) else "max"
     if goal not in ("max", "min"):
         raise fail("goal", f"{goal!r}: expected max or min")
-    return Metric(stage, field, goal)
+    if bounds == "default":  # ssmlm's accuracies are fractions
+        bounds = (0.0, 1.0) if field.lower().endswith("accuracy") else None
+    elif bounds is not None:
+        number = lambda b: isinstance(b, int | float) and not isinstance(b, bool)  # noqa: E731
+        if not (isinstance(bounds, list) and len(bounds) == 2 and all(map(number, bounds)) and bounds[0] < bounds[1]):
+            raise fail("bounds", f"{bounds!r}: expected [LOW, HIGH] with LOW < HIGH (e.g. [0, 1]), or null")
+        bounds = (float(bounds[0]), float(bounds[1]))
+    return Metric(stage, field, goal, bounds)
 
 
 def _grid(v, stages, fail) -> dict[str, dict[str, list]]:
