@@ -42,6 +42,7 @@ SENTENCE_WORDS = (6, 30)
 PER_CLASS = {"train": 300, "validation": 100, "test": 100}  # novels passages per document
 ORDER = {"train": 1000, "validation": 500, "test": 500}  # order sentences
 BUDGETS = {200: "bigs-pretrained200", 800: "bigs-pretrained", 3200: "bigs-pretrained3200"}
+ACCURACY = [0.0, 1.0]  # where the table and plot cut intervals (ssmlm.experiment.report.cut)
 
 
 # ----------------------------------------------------------------------------- corpus and tasks
@@ -225,6 +226,7 @@ def prepare_data(docs: dict[str, list[str]], data_dir: Path) -> dict:
 def budget(results: dict, out: Path) -> str:
     """Per task: BiGS's test accuracy by pretraining steps (mean and 95% CI over seeds) against the random start."""
     from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.experiment.report import cut
 
     arms = results["arms"]
     lines = ["| task | random init | " + " | ".join(f"pretrained {s:,} steps" for s in BUDGETS) + " |",
@@ -242,12 +244,14 @@ def budget(results: dict, out: Path) -> str:
             if iv:
                 xs.append(steps)
                 ys.append(100 * iv["mean"])
-                lo, hi = bounds(iv)
+                c = cut(iv, ACCURACY)
+                lo, hi = c["low"], c["high"]
                 err[0].append(0 if lo is None else 100 * (iv["mean"] - lo))
                 err[1].append(0 if hi is None else 100 * (hi - iv["mean"]))
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
         if rnd:
-            lo, hi = bounds(rnd)
+            c = cut(rnd, ACCURACY)
+            lo, hi = c["low"], c["high"]
             if lo is not None:
                 ax.axhspan(100 * lo, 100 * hi, color="0.85", label="random init (95% CI)")
             ax.axhline(100 * rnd["mean"], color="0.4", ls="--", lw=1, label="random init (mean)")
@@ -267,17 +271,14 @@ def budget(results: dict, out: Path) -> str:
     return table
 
 
-def bounds(iv: dict) -> tuple[float | None, float | None]:
-    """The interval cut to [0, 1]: a t-interval over few seeds can pass an accuracy's bounds."""
-    if iv["low"] is None:
-        return None, None
-    return max(iv["low"], 0.0), min(iv["high"], 1.0)
-
-
 def cell(iv: dict | None) -> str:
+    """Mean [95% CI] in %, the interval cut at an accuracy's bounds (a t-interval over few seeds can pass them)."""
+    from ssmlm.experiment.report import cut
+
     if not iv:
         return "–"
-    lo, hi = bounds(iv)
+    c = cut(iv, ACCURACY)
+    lo, hi = c["low"], c["high"]
     if lo is None:
         return f"{100 * iv['mean']:.1f}"
     return f"{100 * iv['mean']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
