@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,8 +96,8 @@ class Field(ProgressColumn):
         super().__init__(table_column=Column(no_wrap=True))
         self.keep, self.style = keep, style
 
-    def text(self, task: Task) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def text(self, task: Task) -> str: ...
 
     def render(self, task: Task) -> Text:
         return Text(self.text(task), style=self.style)
