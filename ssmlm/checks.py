@@ -14,6 +14,7 @@ here when it depends on another field). The rules themselves (Rule, POSITIVE, â€
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,3 +270,45 @@ def run_dir(path: str | Path, opt: str) -> None:
     d = Path(path).expanduser()
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{opt} {path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
+
+
+# ----------------------------------------------------------------------------- output paths
+
+
+def output_dir(path: str | Path, where: str, given: str | Path | None = None) -> None:
+    """A directory the command will write can be written: not a file, and creatable and writable by this user,
+    which is only certain once tried. So a probe file is written in it and removed again, with every directory
+    the probe created: the file system is left as it was, whether the check passes or fails. ``given``: the path
+    to name in the message, when it is not ``path`` (a file in it)."""
+    d = Path(path).expanduser()
+    given = path if given is None else given
+    if d.exists() and not d.is_dir():
+        what = "is a file" if Path(given).expanduser() == d else f"'{d}' is a file"
+        raise UserError(f"{where} '{given}': {what}; expected a directory to write into")
+    made: list[Path] = []
+    try:
+        for parent in reversed([d, *d.parents]):
+            if not parent.exists():
+                parent.mkdir()
+                made.append(parent)
+        probe = d / f".ssmlm-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or str(e)
+        inside = "" if Path(given).expanduser() == d else f" in '{d}'"
+        raise UserError(f"{where} '{given}': cannot write{inside} ({why}); expected a writable directory") from None
+    finally:
+        for p in reversed(made):
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
+def output_file(path: str | Path, where: str) -> None:
+    """A file the command will write: not a directory, and its directory writable (see output_dir)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError(f"{where} '{path}': is a directory; expected a file path")
+    output_dir(p.parent, where, given=path)

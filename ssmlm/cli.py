@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -97,6 +98,9 @@ def _interrupted(msg: str) -> None:
     typer.echo(f"interrupted: {msg}{again}", err=True)
 
 
+UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOSPC}
+
+
 def user_errors(fn):
     """Print a user's mistake as one line and exit non-zero, with no traceback."""
 
@@ -113,6 +117,11 @@ def user_errors(fn):
         except KeyboardInterrupt:
             _interrupted("stopped; run the same command again")
             raise typer.Exit(130) from None
+        except OSError as e:  # a place that could not be checked beforehand: still one line, not a traceback
+            if e.errno not in UNWRITABLE or not e.filename:
+                raise
+            _err(f"cannot write '{e.filename}': {e.strerror}")
+            raise typer.Exit(2) from None
 
     return wrapper
 
@@ -125,6 +134,10 @@ def _load(recipe: str | None, overrides: list[str] | None, default: str):
 
 def _run_dir(recipe, name: str | None) -> Path:
     return Path(recipe.train.out_dir) / (name or recipe.name)
+
+
+def _check_run_dir(recipe, run_dir: Path) -> None:
+    checks.output_dir(run_dir, f"train.out_dir '{recipe.train.out_dir}': run directory")
 
 
 def _check_training_options(name: str | None, stop_after: int | None) -> None:
@@ -270,6 +283,7 @@ def pretrain(
             the_plan = plan(r)
         return _print_plan(the_plan)
     run_dir = _run_dir(r, name)
+    _check_run_dir(r, run_dir)
     summary = _train("pretrain", r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
 
@@ -300,6 +314,7 @@ def extend_length(
     check_inputs(r, tokenizer=False)  # the tokenizer is the source run's
     src = Path(r.train.init_from)
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
+    _check_run_dir(r, run_dir)
     summary = _train("extend-length", r, run_dir, quiet=quiet, stop_after=stop_after)
     _print_summary(summary, run_dir)
 
@@ -462,6 +477,7 @@ def finetune(
     task_name = r.task.name or Path(r.task.train_file or "task").stem
     start = Path(ckpt).name if ckpt else r.name
     base_name = name or f"{start}-{'random-' if init == 'random' else ''}{task_name}"
+    _check_run_dir(r, _run_dir(r, base_name))
     results = []
     for seed in seed_list:
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
@@ -566,6 +582,12 @@ def evaluate(
         if path and not Path(path).expanduser().exists():
             raise UserError(f"{opt} '{path}': no such file or directory")
     checks.option("--limit", limit, checks.POSITIVE)
+    if out:
+        checks.output_file(out, "--out")
+    else:
+        checks.output_dir(Path(ckpt) / "eval", "--ckpt")
+    if submission:
+        checks.output_dir(submission, "--submission")
     with _starting("evaluate") as start:
         from ssmlm.runs import open_run
         from ssmlm.train.evaluate import evaluate_run
@@ -610,6 +632,8 @@ def results(
     """
     from ssmlm.evaluate.tables import GLUE_TABLE1, LONG_TASKS, results_table, save_table, to_markdown
 
+    if out:
+        checks.output_file(out, "--out")
     files = []
     for r in map(Path, runs):
         files += sorted((r / "eval").glob("*.json")) if r.is_dir() else [r]
@@ -704,6 +728,8 @@ def _shown(command: str, fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if kwargs.get("out"):
+            checks.output_dir(kwargs["out"], "--out")
         with _starting(command, bool(kwargs.get("quiet")), "working"):
             return fn(*args, **kwargs)
 
@@ -728,6 +754,7 @@ def import_bigs(
 
     Example: ssmlm import-bigs hub:JunxiongWang/BiGS_512 --out runs/bigs_512_official
     """
+    checks.output_dir(out, "--out")
     from ssmlm.runs import open_run
     from ssmlm.runs.importing import import_bigs as run_import
 
@@ -776,6 +803,7 @@ def experiment(
     out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
     if dry_run:
         return _print_experiment_plan(exp, out_dir)
+    checks.output_dir(out_dir, "--out" if out else "experiment directory")
     from ssmlm.experiment.report import markdown, write
     from ssmlm.experiment.runner import run_experiment
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from ssmlm import yamlfile
 from ssmlm.checks import validate
 from ssmlm.data.config import DataConfig, PhonebookSettings, TaskConfig
 from ssmlm.errors import RecipeError
@@ -108,7 +109,9 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
 def _read_yaml(path: Path) -> dict[str, Any]:
     text = path.read_text()
     try:
-        data = yaml.safe_load(text)
+        data = yamlfile.load(text)
+    except yamlfile.DuplicateKeyError as e:
+        raise RecipeError(f"{path}: {e}; the second would silently replace the first: keep one") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"{path}: not valid YAML{_yaml_where(e, text)}: {getattr(e, 'problem', e)}") from None
     if data is None:  # an empty file would otherwise silently be the paper's full-size configuration
@@ -182,7 +185,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise RecipeError(f"--set '{text}': expected KEY=VALUE, e.g. model.hidden_size=256")
     key, value = text.split("=", 1)
     try:
-        parsed = yaml.safe_load(value) if value != "" else ""
+        parsed = yamlfile.load(value) if value != "" else ""
+    except yamlfile.DuplicateKeyError as e:
+        raise RecipeError(f"--set '{text}': {e}; keep one") from None
     except yaml.YAMLError:
         parsed = value
     return key.strip().split("."), parsed

@@ -255,6 +255,39 @@ CASES = [
     ("extend_without_source", lambda c: ["extend-length", c.recipe()], lambda c: ["--from"]),
     ("extend_from_missing_run", lambda c: ["extend-length", c.recipe(), "--from", c.tmp / "gone"],
      lambda c: ["--from", c.tmp / "gone"]),
+    # --- output paths: checked before any data work (a root user passes permission bits, so /proc stands in
+    # for a place nobody can create a directory)
+    ("out_dir_cannot_be_created", lambda c: ["pretrain", c.recipe(train={"out_dir": "/proc/ssmlm-x"})],
+     lambda c: ["train.out_dir '/proc/ssmlm-x'", "cannot write"]),
+    ("out_dir_is_a_file", lambda c: ["pretrain", c.recipe(train={"out_dir": str(c.write("f", "x"))})],
+     lambda c: [f"train.out_dir '{c.tmp / 'f'}'", "Not a directory"]),
+    ("finetune_out_dir_is_a_file", lambda c: ["finetune", "--ckpt", c.run, "--task", "builtin-order", "--set",
+                                              f"train.out_dir={c.write('f', 'x')}"],
+     lambda c: ["train.out_dir", "Not a directory"]),
+    ("experiment_out_is_a_file", lambda c: ["experiment", ROOT / "experiments" / "smoke.yaml", "--out",
+                                            c.write("f", "x")], lambda c: ["--out", "is a file"]),
+    ("evaluate_out_under_a_file", lambda c: ["evaluate", "--ckpt", c.run, "--out", c.write("f", "x") / "m.json"],
+     lambda c: ["--out", f"'{c.tmp / 'f'}' is a file"]),
+    ("evaluate_out_is_a_directory", lambda c: ["evaluate", "--ckpt", c.run, "--out", c.corpus],
+     lambda c: ["--out", "is a directory"]),
+    ("results_out_cannot_be_created", lambda c: ["results", c.run, "--out", "/proc/ssmlm-x/t.md"],
+     lambda c: ["--out", "/proc/ssmlm-x"]),
+    ("analyze_out_is_a_file", lambda c: ["analyze", "kernels", "--ckpt", c.run, "--out", c.write("f", "x")],
+     lambda c: ["--out", "is a file"]),
+    ("import_bigs_out_is_a_file", lambda c: ["import-bigs", c.corpus, "--out", c.write("f", "x")],
+     lambda c: ["--out", "is a file"]),
+    # --- a key written twice (PyYAML would keep the last one silently)
+    ("recipe_duplicate_section", lambda c: ["pretrain", c.write(
+        "d.yaml", "base: default\ntrain:\n  steps: 20\nmodel:\n  num_layers: 2\ntrain:\n  learning_rate: 0.001\n")],
+     lambda c: [c.tmp / "d.yaml", "key 'train' appears twice (lines 2 and 6)"]),
+    ("recipe_duplicate_field", lambda c: ["pretrain", c.write("d.yaml",
+                                                              "base: default\ntrain: {steps: 2, steps: 3}\n")],
+     lambda c: [c.tmp / "d.yaml", "key 'steps' appears twice"]),
+    ("set_duplicate_key", lambda c: ["pretrain", "--set", "train={steps: 1, steps: 2}"],
+     lambda c: ["--set", "key 'steps' appears twice"]),
+    ("experiment_duplicate_key", lambda c: ["experiment", c.write(
+        "e.yaml", "metric: accuracy\nseeds: [0]\narms: {a: {}}\nseeds: [1, 2]\n")],
+     lambda c: [c.tmp / "e.yaml", "key 'seeds' appears twice (lines 2 and 4)"]),
 ]  # fmt: skip
 
 
@@ -452,6 +485,31 @@ def test_error_path_does_not_import_jax(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pretrain", "--set", "train.out_dir=/proc/ssmlm-x"],
+        ["experiment", ROOT / "experiments" / "smoke.yaml", "--out", "/proc/ssmlm-x"],
+    ],
+    ids=["run_directory", "experiment_out"],
+)
+def test_unwritable_output_is_refused_before_jax_is_loaded(tmp_path, args):
+    """The output check comes before the slow imports and any data work: no jax, nothing created."""
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from ssmlm.cli import app\n"
+        f"r = CliRunner().invoke(app, {[str(a) for a in args]!r})\n"
+        "assert r.exit_code == 2 and r.output.startswith('error: ') and 'cannot write' in r.output, r.output\n"
+        "print(sorted(m for m in ('jax', 'flax', 'datasets', 'orbax') if m in sys.modules))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_usage_error_is_one_line_in_a_real_process(tmp_path):

@@ -322,3 +322,15 @@ def test_recipe_is_frozen_and_fingerprint():
     assert r.fingerprint("train") != other.fingerprint("train")
     assert yaml.safe_load(r.to_yaml()) == r.to_dict()
     assert load_recipe("default", ["data.max_seq_length=64"]).seq_len == 64
+
+
+def test_yaml_duplicate_keys_are_refused_but_merges_may_override():
+    """PyYAML keeps the last of two equal keys silently; ssmlm's loader names both lines. A merge's keys are not
+    duplicates: overriding them is what a merge (``<<: *anchor``) is for."""
+    from ssmlm import yamlfile
+
+    with pytest.raises(yamlfile.DuplicateKeyError, match=r"key 'steps' appears twice \(lines 3 and 4\)"):
+        yamlfile.load("arms:\n  - name: a\n    steps: 1\n    steps: 2\n")
+    merged = yamlfile.load("x-base: &b {lr: 1, steps: 2}\narm:\n  <<: *b\n  steps: 5\n")
+    assert merged["arm"] == {"lr": 1, "steps": 5}
+    assert yamlfile.load("a: [{k: 1}, {k: 2}]") == {"a": [{"k": 1}, {"k": 2}]}  # equal keys in separate maps

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from ssmlm import yamlfile
 from ssmlm.data.config import LM_TASK_RECIPES
 from ssmlm.errors import UserError
 
@@ -137,7 +138,9 @@ def load_experiment(path: str | Path) -> Experiment:
     if not p.is_file():
         raise ExperimentError(f"{where}: no such experiment file")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = yamlfile.load(p.read_text(encoding="utf-8"))
+    except yamlfile.DuplicateKeyError as e:
+        raise ExperimentError(f"{where}: {e}; the second would silently replace the first: keep one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""
