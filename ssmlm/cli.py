@@ -236,7 +236,7 @@ def preprocess(
 
     Masking and the objective mixture are applied at training time: their settings do not change what is written.
 
-    Example: ssmlm preprocess recipes/bigs_full.yaml --set data.source=corpus/*.txt
+    Example: ssmlm preprocess recipes/bigs_full.yaml --set 'data.source=corpus/*.txt'
     """
     r = _load(recipe, set_, "default")
     check_inputs(r)
