@@ -21,6 +21,8 @@ class DataConfig:
     text_field: str = "text"  # column holding the text in jsonl/csv/parquet/hub sources
     split: str = "train"  # hub split
     max_documents: int | None = None  # cap on documents read (None: all)
+    # .txt files: cut away Project Gutenberg's header and licence (its START/END markers) before anything reads them
+    strip_gutenberg: bool = True
     tokenizer: str = "train"  # 'train' one on the corpus, or a vocab.txt / tokenizer.json path
     # wordpiece (the encoders'), or byte_bpe: a lossless byte-level BPE with the LM reserved tokens (LM recipes)
     tokenizer_type: Literal["wordpiece", "byte_bpe"] = "wordpiece"

@@ -36,11 +36,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from rich.text import Text
 
+from ssmlm.data.books import SPLIT_ABOVE
 from ssmlm.data.config import DataConfig
 from ssmlm.data.masking import pack, rows_to_array
 from ssmlm.data.shards import row_dtype, save_atomic, shard_name, write_json_atomic
-from ssmlm.data.sources import Document, corpus_fingerprint, open_corpus
+from ssmlm.data.sources import Document, corpus_fingerprint, corpus_name, open_corpus
 from ssmlm.data.tokenizer import (
     is_lm_tokenizer,
     lm_special_ids,
@@ -63,8 +65,9 @@ TOKEN_FIELDS = (
 )  # fmt: skip
 CHUNK_CHARS = 32 << 20  # ~32 MB of text per shard: ~8M tokens, a few hundred MB of working memory
 CHUNK_DOCUMENTS = 1 << 18  # bounds a chunk of many tiny documents (per-document Python overhead)
-# documents layout: a longer document (a novel in one .txt file) is cut into pieces of about this many
-# characters at paragraph breaks, so a corpus of a few long files still holds validation documents out
+# documents layout: a longer document (a book in one row of a .jsonl: long .txt files are already cut into documents
+# as they are read, ssmlm.data.books) is cut into pieces of about this many characters, so that a corpus of a few
+# long documents still holds validation documents out
 PIECE_CHARS = 50_000
 FILL_WARN = 0.85  # rows less filled than this waste that much compute on padding: the run says so
 ENCODE_CHARS = 4 << 20  # text per encode_batch call: enough lines to keep every core busy, few MB of Encodings
@@ -110,7 +113,9 @@ def output_dir(
             **({"tokenizer_type": cfg.tokenizer_type} if cfg.tokenizer_type != "wordpiece" else {}),
             **({"split_digits": True} if cfg.split_digits else {}),
             "len": seq_len,
-            "corpus": corpus_fingerprint(cfg.source, cfg.text_field, cfg.split, cfg.max_documents),
+            "corpus": corpus_fingerprint(
+                cfg.source, cfg.text_field, cfg.split, cfg.max_documents, strip_gutenberg=cfg.strip_gutenberg
+            ),
             "tok": "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer),
             "layout": layout,
             "chunk": [chunk_chars, chunk_documents],  # where shards begin: part of what the rows are
@@ -119,9 +124,8 @@ def output_dir(
         sort_keys=True,
     )
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
-    tag = cfg.source if cfg.source == "builtin" else Path(cfg.source.replace(":", "_")).stem or "corpus"
-    suffix = "" if layout == "rows" else "-docs"
-    return Path(out_root or ssmlm_home() / "data") / f"{tag}-L{seq_len}{suffix}-{fingerprint}", fingerprint
+    name = f"{corpus_name(cfg.source)}-L{seq_len}{'' if layout == 'rows' else '-docs'}-{fingerprint}"  # no glob's '*'
+    return Path(out_root or ssmlm_home() / "data") / name, fingerprint
 
 
 def _after_shard(index: int) -> None:
@@ -184,10 +188,22 @@ def preprocess(
             if host != 0:
                 return out
             finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
-    note = packing_note(read_metadata(out))
-    if note and not quiet:
-        console.print(note, soft_wrap=True)
+    meta = read_metadata(out)
+    for note in (packing_note(meta), validation_note(meta) if layout == "rows" else None):  # LM runs say their own
+        if note and not quiet:
+            console.print(note, soft_wrap=True)
     return out
+
+
+def validation_note(meta: dict) -> str | None:
+    """One line when data.validation_fraction held no document out (a few long documents): no validation loss."""
+    fraction = meta.get("config", {}).get("validation_fraction", 0)
+    if not fraction or meta["splits"]["validation"].get("sequences", 1):
+        return None
+    return (
+        f"[yellow]no validation:[/] data.validation_fraction = {fraction} of {meta['documents']:,} documents held "
+        "none out; raise it or give more text for a validation loss"
+    )
 
 
 @contextlib.contextmanager
@@ -237,7 +253,9 @@ def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_docume
     host, n_hosts = hosts
     for d in (out / "shards", *(out / s for s in SPLITS)):
         d.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(cfg, out, host)
+    # training the tokenizer reads the corpus first: that pass says what reading did to the files (split, stripped)
+    said = not quiet and cfg.tokenizer == "train" and host == 0 and not (out / "tokenizer.json").is_file()
+    tok = _tokenizer(cfg, out, host, quiet, layout)
     ids = _special_ids(tok)
     if layout == "rows" and is_lm_tokenizer(tok):
         raise DataError(f"tokenizer '{cfg.tokenizer}': a language-model tokenizer needs the 'documents' layout")
@@ -245,7 +263,7 @@ def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_docume
         raise DataError(f"tokenizer '{cfg.tokenizer}': [PAD] must have id 0 (has {ids['pad']})")
     dtype = row_dtype(tok.get_vocab_size()) if layout == "rows" else np.dtype(np.int32)
 
-    stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
+    stream = _corpus(cfg, say=None if quiet or said else _say)
     by_bytes = stream.total_bytes is not None
     written = n_chunks = 0
     t0, n_tokens = time.perf_counter(), 0
@@ -278,7 +296,55 @@ def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_docume
     write_json_atomic(out / "shards" / "count.json", {"chunks": n_chunks})
 
 
-def _tokenizer(cfg: DataConfig, out: Path, host: int):
+def _corpus(cfg: DataConfig, say=None):
+    """A pass over the recipe's corpus; ``say``: this pass says what reading did to the files."""
+    return open_corpus(
+        cfg.source, cfg.text_field, cfg.split, cfg.max_documents, strip_gutenberg=cfg.strip_gutenberg, say=say
+    )
+
+
+def _say(line: str) -> None:
+    console.print(Text(line), soft_wrap=True)  # as Text: brackets in a file's name are not markup
+
+
+def _trained_tokenizer(cfg: DataConfig, quiet: bool, rows: bool):
+    """A tokenizer trained on the corpus, first saying so and on how many documents. Local files are counted in a
+    pass of their own (cheap next to training), which also says which files were split or stripped and, for the
+    ``rows`` layout (whose documents are not cut further), refuses a split that would leave no training text."""
+    stream = _corpus(cfg, say=None if quiet else _say)
+    n = stream.total_documents
+    if local := stream.total_bytes is not None:
+        n = train = 0
+        for doc in stream.documents:
+            n += 1
+            train += not _is_validation(doc, cfg.validation_fraction)
+        if rows and not train:
+            raise DataError(_no_training_text(cfg, n))
+        stream = _corpus(cfg)
+    lm = cfg.tokenizer_type == "byte_bpe"
+    if not quiet:
+        count = "streamed" if n is None else f"{n:,} document{'s' if n != 1 else ''}"
+        where = {"builtin": f"the built-in corpus ({stream.description}, {count})"}.get(
+            cfg.source, f"your corpus ({count})" if local else f"{stream.description} ({count})"
+        )
+        _say(f"tokenizer: training a {'byte-level BPE' if lm else 'WordPiece'} of up to {cfg.vocab_size:,} tokens "
+             f"on {where}…")  # fmt: skip
+    lines = (line for doc in stream.documents for line in doc)
+    if lm:
+        return train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)
+    return train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)
+
+
+def _no_training_text(cfg: DataConfig, documents: int) -> str:
+    held = "its only document" if documents == 1 else f"all {documents:,} documents"
+    return (
+        f"data.source '{cfg.source}': no training text left after the validation split (data.validation_fraction "
+        f"= {cfg.validation_fraction} held out {held}); lower data.validation_fraction (0 holds none out) or give "
+        f"more text (a .txt file under {SPLIT_ABOVE:,} characters is one document)"
+    )
+
+
+def _tokenizer(cfg: DataConfig, out: Path, host: int, quiet: bool = True, layout: str = "rows"):
     """The run's tokenizer, saved in ``out`` first thing: a resumed run (and every host) uses that copy."""
     saved = out / "tokenizer.json"
     if not saved.is_file():
@@ -286,12 +352,7 @@ def _tokenizer(cfg: DataConfig, out: Path, host: int):
         if cfg.tokenizer != "train":
             tok = load_lm_tokenizer(cfg.tokenizer) if lm else load_tokenizer(cfg.tokenizer, cfg.lowercase)
         elif host == 0:
-            stream = open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents)
-            lines = (line for doc in stream.documents for line in doc)
-            if lm:
-                tok = train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)
-            else:
-                tok = train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)
+            tok = _trained_tokenizer(cfg, quiet, rows=layout == "rows")
         else:  # the other hosts use host 0's tokenizer: training is not guaranteed to be bit-identical
             while not saved.is_file():
                 time.sleep(1.0)
@@ -397,13 +458,13 @@ def finalize(
         else:
             splits[split] = {"documents": n, "tokens": real}
     if not (splits["train"].get("sequences") or splits["train"].get("tokens")):
-        raise DataError(f"data.source '{cfg.source}': no training text left after the validation split")
+        raise DataError(_no_training_text(cfg, sum(s["documents"] for s in shards)))
     meta = {
         "fingerprint": fingerprint,
         "format_version": FORMAT_VERSION,
         "layout": layout,
         "source": cfg.source,
-        "corpus": open_corpus(cfg.source, cfg.text_field, cfg.split, cfg.max_documents).description,
+        "corpus": _corpus(cfg).description,
         "documents": sum(s["documents"] for s in shards),
         "tokens": sum(s["tokens"] for s in shards),  # text tokens, before packing ([CLS]/[SEP] not counted)
         "max_seq_length": seq_len,

@@ -14,15 +14,19 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import sysconfig
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ssmlm.data.books import SPLIT_ABOVE, paragraphs, split_book, strip_gutenberg
 from ssmlm.errors import DataError, UserError
 
 Document = list[str]
+Say = Callable[[str], None]
+TXT_FORMAT = 2  # how a .txt file becomes documents (in the fingerprint): 2 = long files split, Gutenberg cut
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -221,11 +225,51 @@ def _json_documents(f: Path, field: str) -> Iterator[Document]:
         raise DataError(f"{f}: no field '{field}' (data.text_field); fields: {seen or []}")
 
 
-def _txt_document(f: Path) -> Iterator[Document]:
+@dataclass
+class TextNotes:
+    """What reading did to .txt files that the user did not write into them, said once per pass that is given a
+    ``say``: each of the first few files gets its line as it is read, the rest one line at the end."""
+
+    say: Say | None = None
+    split: list[int] = field(default_factory=list)  # documents of each file cut into several
+    stripped: int = 0  # files whose Project Gutenberg header/footer were cut away
+    SHOWN = 3
+
+    def file_split(self, f: Path, chars: int, docs: int, paras: int) -> None:
+        """``f``, of ``chars`` characters in ``paras`` paragraphs, was cut into ``docs`` documents."""
+        self.split.append(docs)
+        if self.say and len(self.split) <= self.SHOWN:
+            at = f"~{paras // docs} paragraphs" if paras > docs else "cut at line ends: the file has no blank lines"
+            self.say(f"{f}: one file, split into {docs:,} documents of ~{chars // docs:,} characters ({at})")
+
+    def file_stripped(self, f: Path) -> None:
+        self.stripped += 1
+        if self.say and self.stripped <= self.SHOWN:
+            self.say(f"{f}: Project Gutenberg header and licence removed (data.strip_gutenberg: false keeps them)")
+
+    def end(self) -> None:
+        if self.say and len(self.split) > self.SHOWN:
+            more = self.split[self.SHOWN :]
+            self.say(f"… and {len(more):,} more long files, split into {sum(more):,} documents")
+        if self.say and self.stripped > self.SHOWN:
+            self.say(f"… and {self.stripped - self.SHOWN:,} more files without their Project Gutenberg boilerplate")
+
+
+def _txt_documents(f: Path, strip: bool, notes: TextNotes) -> Iterator[Document]:
+    """A .txt file: one document, or (over SPLIT_ABOVE characters: a book) documents of a few pages each."""
     try:
         text = f.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if strip and (body := strip_gutenberg(text)) is not None:
+        text = body
+        notes.file_stripped(f)
+    if len(text) > SPLIT_ABOVE:
+        docs = split_book(text)
+        if len(docs) > 1:
+            notes.file_split(f, len(text), len(docs), len(paragraphs(text)))
+        yield from docs
+        return
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if lines:
         yield lines
@@ -239,16 +283,21 @@ def _table_documents(f: Path, field: str) -> Iterator[Document]:
         yield from _rows_to_documents(batch[field], str(f), field)
 
 
-def local_documents(source: str, text_field: str) -> Iterator[Document]:
-    """txt: each file is one document (read whole). jsonl/csv/parquet: each row's ``text_field`` is one
-    document, read a row or a batch at a time."""
+def local_documents(
+    source: str, text_field: str, strip_gutenberg: bool = True, say: Say | None = None
+) -> Iterator[Document]:
+    """txt: each file is one document (read whole), a long one (a book) several, without Project Gutenberg's
+    boilerplate (``strip_gutenberg``). jsonl/csv/parquet: each row's ``text_field`` is one document, read a row
+    or a batch at a time. ``say``: where to say which files were split or stripped."""
+    notes = TextNotes(say)
     for f in _expand(source):
         if f.suffix == ".txt":
-            yield from _txt_document(f)
+            yield from _txt_documents(f, strip_gutenberg, notes)
         elif LOCAL_SUFFIXES[f.suffix] == "json":
             yield from _json_documents(f, text_field)
         else:
             yield from _table_documents(f, text_field)
+    notes.end()
 
 
 # ----------------------------------------------------------------------------- hub
@@ -313,10 +362,17 @@ def _nonempty(docs: Iterator[Document], source: str) -> Iterator[Document]:
 
 
 def open_corpus(
-    source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None
+    source: str,
+    text_field: str = "text",
+    split: str = "train",
+    max_documents: int | None = None,
+    *,
+    strip_gutenberg: bool = True,
+    say: Say | None = None,
 ) -> DocumentStream:
     """The corpus as a stream of documents: nothing is read until it is iterated, and memory stays
-    bounded by one document (or one csv/parquet batch) however large the corpus is."""
+    bounded by one document (or one csv/parquet batch) however large the corpus is. ``say``: where this pass
+    says what it did to .txt files (split, boilerplate cut); give it to one pass only."""
     total_bytes = total_docs = None
     if source == "builtin":
         builtin = builtin_corpus()  # ~2 MB: generated whole
@@ -326,17 +382,18 @@ def open_corpus(
         docs, description = hub_documents(source, text_field, split), f"hub dataset {source.split(':')[1]}"
     else:
         files = _expand(source)
-        docs = _nonempty(local_documents(source, text_field), source)
+        docs = _nonempty(local_documents(source, text_field, strip_gutenberg, say), source)
         description, total_bytes = f"{len(files)} local file(s) from {source}", sum(f.stat().st_size for f in files)
     if max_documents:
         docs = itertools.islice(docs, max_documents)
         total_docs = min(total_docs or max_documents, max_documents)
-    return DocumentStream(
-        docs, corpus_fingerprint(source, text_field, split, max_documents), description, total_bytes, total_docs
-    )
+    fingerprint = corpus_fingerprint(source, text_field, split, max_documents, strip_gutenberg=strip_gutenberg)
+    return DocumentStream(docs, fingerprint, description, total_bytes, total_docs)
 
 
-def corpus_fingerprint(source: str, text_field: str = "text", split: str = "train", max_documents=None) -> str:
+def corpus_fingerprint(
+    source: str, text_field: str = "text", split: str = "train", max_documents=None, *, strip_gutenberg: bool = True
+) -> str:
     """What identifies the text, computed without reading it (so cached preprocessing is found fast)."""
     if source == "builtin":
         fp = "builtin-v1-python" + ".".join(map(str, sys.version_info[:3]))
@@ -344,16 +401,43 @@ def corpus_fingerprint(source: str, text_field: str = "text", split: str = "trai
         fp = f"{source}-{split}-{text_field}"
     else:
         h = hashlib.sha256(text_field.encode())
-        for f in _expand(source):
+        files = _expand(source)
+        if any(f.suffix == ".txt" for f in files):  # only then: other local corpora keep their fingerprints
+            h.update(f"txt{TXT_FORMAT}:gutenberg={strip_gutenberg}".encode())
+        for f in files:
             st = f.stat()
             h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
         fp = "local-" + h.hexdigest()[:16]
     return fp + (f"-max{max_documents}" if max_documents else "")
 
 
+def corpus_name(source: str) -> str:
+    """A short name for the corpus in a directory name: a local file's stem, or the name of the directory its
+    files share (never the glob that matched them); ``builtin``; a hub dataset's name."""
+    if source == "builtin":
+        return source
+    if source.startswith("hub:"):
+        name = Path(source.replace(":", "_")).stem
+    else:
+        files, given = _expand(source), Path(source).expanduser()
+        if given.is_dir():
+            name = given.resolve().name
+        elif len(files) == 1:
+            name = files[0].stem
+        else:
+            name = Path(os.path.commonpath([f.resolve().parent for f in files])).name
+    return re.sub(r"[^\w.-]+", "_", name).strip("._") or "corpus"
+
+
 def load_corpus(
-    source: str, text_field: str = "text", split: str = "train", max_documents: int | None = None
+    source: str,
+    text_field: str = "text",
+    split: str = "train",
+    max_documents: int | None = None,
+    *,
+    strip_gutenberg: bool = True,
+    say: Say | None = None,
 ) -> Corpus:
     """The whole corpus in memory: for small corpora and tests; preprocessing streams (open_corpus)."""
-    stream = open_corpus(source, text_field, split, max_documents)
+    stream = open_corpus(source, text_field, split, max_documents, strip_gutenberg=strip_gutenberg, say=say)
     return Corpus(list(stream.documents), stream.fingerprint, stream.description)
