@@ -39,7 +39,15 @@ class Work:
     tokenizer: Path  # copied into the run directory
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # more files for the run directory
     selection: str | None = None  # finetuning: the validation metric of the summary's best_validation
-    summary: dict = dataclasses.field(default_factory=dict)  # more summary entries
+    summary: dict = dataclasses.field(default_factory=dict)  # more summary entries (warnings: see recorded)
+
+
+def recorded(*notes: str | None) -> list[str]:
+    """The warnings a run printed (or would have printed, when quiet), as its summary.json keeps them under
+    ``warnings``, without their colours: where `ssmlm experiment` finds them."""
+    from rich.text import Text
+
+    return [Text.from_markup(n).plain for n in notes if n]
 
 
 def process_shard() -> tuple[int, int]:

@@ -14,7 +14,7 @@ from ssmlm.progress import console
 from ssmlm.recipe import Recipe
 from ssmlm.runs import Run
 from ssmlm.train import loop
-from ssmlm.train.parts import Work, local_rows, preprocessed
+from ssmlm.train.parts import Work, local_rows, preprocessed, recorded
 
 
 def lm_objective(recipe: Recipe, data_dir: Path, rows: tuple[int, int] | None = None):
@@ -101,15 +101,13 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
     controller = birdie_controller(recipe, objective)
     if controller is not None and eval_data is None:
         raise UserError(f"objective.mixture: birdie learns from validation losses, but {no_val}")
-    if eval_data is None and not quiet:
-        console.print(f"[yellow]no validation: {no_val}")
-    if objective.dropped and not quiet:
-        console.print(
-            left_out(objective.dropped, len(objective.dropped) + len(objective.configs), seq_len), soft_wrap=True
-        )
     fill = row_fill(objective)
-    if (note := packing_note(fill, recipe)) and not quiet:
-        console.print(note, soft_wrap=True)
+    dropped = left_out(objective.dropped, len(objective.dropped) + len(objective.configs), seq_len)
+    notes = [f"[yellow]no validation: {no_val}" if eval_data is None else None,
+             dropped if objective.dropped else None, packing_note(fill, recipe)]  # fmt: skip
+    if not quiet:
+        for note in filter(None, notes):
+            console.print(note, soft_wrap=True)
     eval_steps = set(controller.eval_steps()) if controller is not None else set()
     stage = loop.Stage(
         kind="pretrain",
@@ -133,4 +131,5 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
         predictions_per_row=None,  # the LM head is a dense layer at every position: counted with the rest
     )
     info = {"kind": "pretrain", "data_dir": str(data_dir), "source": None}
-    return Work(recipe, stage, info, data_dir / "tokenizer.json", summary={"fill_rate": fill})
+    summary = {"fill_rate": fill, "warnings": recorded(*notes)}  # what was printed, for `ssmlm experiment`
+    return Work(recipe, stage, info, data_dir / "tokenizer.json", summary=summary)

@@ -12,12 +12,12 @@ import numpy as np
 
 from ssmlm import objectives
 from ssmlm.data.loader import Batches, TokenRows, eval_batches
-from ssmlm.data.preprocess import read_metadata
+from ssmlm.data.preprocess import packing_note, read_metadata
 from ssmlm.errors import UserError
 from ssmlm.recipe import DataConfig, Recipe
 from ssmlm.runs import Run
 from ssmlm.train import loop
-from ssmlm.train.parts import Work, preprocessed, process_shard, source_weights
+from ssmlm.train.parts import Work, preprocessed, process_shard, recorded, source_weights
 
 
 def extend_data(recipe: Recipe, source: Run) -> DataConfig:
@@ -93,4 +93,6 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
         predictions_per_row=objective.predictions,
     )
     info = {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None}
-    return Work(recipe, stage, info, data_dir / "tokenizer.json", summary={"fill_rate": meta.get("fill_rate")})
+    warnings = recorded(packing_note(meta))  # preprocessed() printed it
+    summary = {"fill_rate": meta.get("fill_rate"), "warnings": warnings}
+    return Work(recipe, stage, info, data_dir / "tokenizer.json", summary=summary)
