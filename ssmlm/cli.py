@@ -810,7 +810,11 @@ def experiment(
     res = run_experiment(exp, out_dir, jobs=jobs, verbose=verbose, echo=typer.echo)
     paths = write(res, out_dir)
     typer.echo("")
-    typer.echo(markdown(res), nl=False)
+    typer.echo(markdown(res, warnings=False), nl=False)  # the runs' warnings were printed as each finished
+    warned = len({w["run_dir"] for w in res["warnings"]})
+    if warned:
+        typer.echo(f"\n{warned} run{'s' if warned > 1 else ''} gave warnings: above, under each run's line, and in "
+                   "results.md")  # fmt: skip
     typer.echo(f"wrote {paths['md']}, results.csv, results.json, results.png")
     if any(a["status"] != "ok" for a in res["arms"].values()):
         raise typer.Exit(1)
@@ -819,20 +823,23 @@ def experiment(
 def _print_experiment_plan(exp, out_dir: Path) -> None:
     from ssmlm.experiment.runner import build_plan
 
-    plan = build_plan(exp, out_dir)
-    for job in plan.pretrain + plan.finetune:
+    plan = build_plan(exp, out_dir)  # in the order of work: seed by seed
+    for job in plan.jobs:
         start = f" from {job.recipe.train.init_from}" if job.kind == "finetune" and job.recipe.train.init_from else ""
         init = " (init: random)" if job.init == "random" else ""
-        typer.echo(f"{job.label}: {job.run_dir}{start}{init}")
-    if "evaluate" in exp.stages:
+        where = {"evaluate": "/eval", "analyze": "/analysis"}.get(job.kind, "")
+        typer.echo(f"{job.label}: {job.run_dir}{where}{start}{init}")
+    if "evaluate" in exp.stages and exp.grid:
         splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))
-        where = " at each arm's selected grid point" if exp.grid else ""
-        typer.echo(f"then evaluate ({splits}): {len(exp.arms) * len(exp.seeds)} runs{where}")
-    if "analyze" in exp.stages:
+        typer.echo(f"then evaluate ({splits}): {len(exp.arms) * len(exp.seeds)} runs at each arm's selected grid point")
+    if "analyze" in exp.stages and exp.grid:
         names = sorted({n for a in exp.arms.values() for n, _ in a["analyze"].analyses})
         typer.echo(f"then analyze ({', '.join(names)}) each arm × seed's last run, in RUN/analysis")
-    ref = exp.reference if isinstance(exp.reference, str) else "per arm (" + ", ".join(
-        f"{a} vs {r}" for a, r in exp.reference.items()) + ")"  # fmt: skip
+    if exp.reference is None:
+        ref = "none (one arm: no comparisons)"
+    else:
+        ref = exp.reference if isinstance(exp.reference, str) else "per arm (" + ", ".join(
+            f"{a} vs {r}" for a, r in exp.reference.items()) + ")"  # fmt: skip
     typer.echo(f"metric {exp.metric} ({exp.metric.goal}), reference {ref}")
 
 

@@ -259,7 +259,8 @@ def test_grid_is_selected_on_validation_and_reported_on_test(setup):
         assert [row["selected"] for row in a["grid"]] == [i == best for i in range(2)]
         assert a["selected"] == f"train.learning_rate={grid['finetune']['train.learning_rate'][best]}"
         # the reported number is the selected run's test evaluation, and only that run was evaluated
-        test = json.loads((runs[best] / "eval" / "order-train-test.json").read_text())
+        (test_file,) = (runs[best] / "eval").glob("*-test.json")  # TASK-test.json
+        test = json.loads(test_file.read_text())
         assert test["split"] == "test" and a["values"] == {"0": test["metrics"]["accuracy"]}
         assert not (runs[1 - best] / "eval").exists()
 
@@ -414,7 +415,9 @@ def test_analyze_stage_runs_each_arms_analysis_once(setup):
         load_experiment(path)
     path.write_text(yaml.safe_dump(body))
     out = setup["tmp"] / "out"
-    assert "then analyze (kernels) each arm × seed's last run" in invoke(path, out, "--dry-run").output
+    plan = invoke(path, out, "--dry-run").output
+    assert f"evaluate random seed 0 (test): {out}/runs/random/seed0/finetune/eval" in plan, plan
+    assert f"analyze kernels random seed 0: {out}/runs/random/seed0/finetune/analysis" in plan, plan
     r = invoke(path, out)
     assert r.exit_code == 0, r.output
     assert "[3/3] done analyze kernels random seed 0" in r.output
@@ -445,6 +448,147 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     assert "ETA 5m20s +" in lines[-1], lines[-1]
     r._finish(Job("f", "finetune", "f", Path("f")), Outcome(True, {}, 30.0))
     assert lines[-1].endswith("2 to go, ETA 5m50s"), lines[-1]
+
+
+# ----------------------------------------------------------------------------- the order of work
+
+
+def test_the_plan_finishes_seed_0_of_every_arm_before_seed_1_starts(setup):
+    """2 arms × 3 seeds, pretrain → finetune → evaluate: seed 0's whole chain of every arm comes first (the
+    --dry-run lists the runs in the order they run), so an experiment stopped early holds complete pairs."""
+    path = write_experiment(setup, seeds=[0, 1, 2], stages=["pretrain", "finetune", "evaluate"],
+                            metric="evaluate:accuracy")  # fmt: skip
+    r = invoke(path, setup["tmp"] / "out", "--dry-run")
+    assert r.exit_code == 0, r.output
+    runs = [line.split(":")[0] for line in r.output.splitlines() if " seed " in line]
+    chain = lambda s: [f"pretrain pretrained seed {s}", f"finetune pretrained seed {s}",  # noqa: E731
+                       f"evaluate pretrained seed {s} (validation)", f"finetune random seed {s}",
+                       f"evaluate random seed {s} (validation)"]  # fmt: skip
+    assert runs == chain(0) + chain(1) + chain(2), r.output
+
+
+def test_a_free_worker_takes_the_first_run_whose_inputs_are_ready():
+    """With --jobs 2 and seed 0's pretraining running, the second worker takes seed 0's random-init finetuning
+    (its pretrained finetuning waits), then seed 1's pretraining; a run whose input failed is not run."""
+    from collections import Counter
+
+    from ssmlm.experiment.runner import Job, Outcome, Runner
+
+    def job(key, *deps):
+        return Job(key, key.split()[0], key, Path(key), deps=deps)
+
+    queue = [job("pretrain a 0"), job("finetune a 0", "pretrain a 0"), job("finetune r 0"),
+             job("pretrain a 1"), job("finetune a 1", "pretrain a 1"), job("finetune r 1")]  # fmt: skip
+    jobs, lines = {j.key: j for j in queue}, []
+    runner = Runner(Path("."), Counter(pretrain=2, finetune=4), jobs=2, echo=lines.append)
+    assert runner._next(queue).key == "pretrain a 0"  # running from here on
+    assert runner._next(queue).key == "finetune r 0"  # not "finetune a 0": its pretraining is still going
+    runner._finish(jobs["finetune r 0"], Outcome(True, {}, 1.0))  # done: the next free worker takes
+    assert runner._next(queue).key == "pretrain a 1"
+    runner._finish(jobs["pretrain a 0"], Outcome(False, error="boom"))
+    assert runner._next(queue).key == "finetune r 1"  # finetune a 0 is recorded as not run, a 1 still waits
+    assert runner.done["finetune a 0"].ok is False and "not run: pretrain a 0 failed" in lines[-1], lines
+    assert [j.key for j in queue] == ["finetune a 1"]
+
+
+# ----------------------------------------------------------------------------- what can be concluded
+
+
+def test_intervals_from_two_pairs_or_no_spread_are_not_estimable(tmp_path):
+    """Two seeds whose paired differences are both -38/600 used to print Δ -0.0633 [-0.0633, -0.0633]. An
+    interval from fewer than 3 values, or from equal values, is marked not estimable with the reason, in the
+    table, results.json and .csv; the point estimate stays, and so does the interval as computed."""
+    from ssmlm.experiment.report import markdown, summarize, write
+    from ssmlm.experiment.spec import Experiment, Metric
+
+    metric = Metric("finetune", "accuracy", "max", (0.0, 1.0))
+    exp = Experiment(Path("x.yaml"), (0, 1), ("finetune",), metric, "random", {"bigs": {}, "random": {}}, {})
+    rnd = {0: 0.61, 1: 0.64}
+    arms = {"bigs": {0: rnd[0] - 38 / 600, 1: rnd[1] - 38 / 600}, "random": rnd}
+    arms = {k: {"status": "ok", "error": None, "values": v, "runs": {}} for k, v in arms.items()}
+    res = summarize(exp, arms, 1.0)
+    d = res["arms"]["bigs"]["difference"]
+    assert d["mean"] == pytest.approx(-38 / 600) and d["estimable"] is False
+    assert d["reason"] == "n=2 < 3; zero spread"
+    iv = res["arms"]["random"]["interval"]
+    assert iv["estimable"] is False and iv["reason"] == "n=2 < 3" and iv["low"] is not None  # kept as computed
+    md = markdown(res)
+    assert "| bigs | 2 | 0.5617 | not estimable (n=2 < 3) | -0.06333 | not estimable (n=2 < 3; zero spread) |" in md
+    assert "Not estimable: an interval from fewer than 3 values" in md and "[" not in md.split("|---")[1], md
+    paths = write(res, tmp_path)
+    assert json.loads(paths["json"].read_text())["arms"]["bigs"]["difference"]["reason"] == "n=2 < 3; zero spread"
+    import csv
+
+    rows = {r["arm"]: r for r in csv.DictReader(paths["csv"].open())}
+    assert rows["bigs"]["diff_estimable"] == "False" and rows["bigs"]["diff_reason"] == "n=2 < 3; zero spread"
+    assert paths["png"].is_file()
+    # three seeds: estimable, unless every value is the same
+    exp = Experiment(Path("x.yaml"), (0, 1, 2), ("finetune",), metric, "random", {"bigs": {}, "random": {}}, {})
+    arms["random"]["values"] = {0: 0.61, 1: 0.64, 2: 0.58}
+    arms["bigs"]["values"] = {0: 0.9, 1: 0.9, 2: 0.9}
+    res = summarize(exp, arms, 1.0)
+    assert (
+        res["arms"]["random"]["interval"]["estimable"] is True and res["arms"]["random"]["interval"]["reason"] is None
+    )
+    assert res["arms"]["bigs"]["interval"]["reason"] == "zero spread"
+    assert res["arms"]["bigs"]["difference"]["estimable"] is True  # the differences do spread
+    assert "| random | 3 | 0.61 | [" in markdown(res)
+    assert xstats.t_interval([0.7]).reason == "n=1 < 3"
+
+
+def write_one_arm(setup, name: str, pretrain_recipe: str, seeds: list[int]) -> Path:
+    """A file of one arm, pretraining only, and no reference."""
+    body = {"seeds": seeds, "stages": ["pretrain"], "metric": "pretrain:mlm_loss",
+            "arms": {"bigs": {"pretrain": {"recipe": pretrain_recipe}}}}  # fmt: skip
+    path = setup["tmp"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_a_file_of_one_arm_runs_without_comparisons(setup):
+    two = yaml.safe_load(write_experiment(setup).read_text())
+    del two["reference"]
+    (setup["tmp"] / "two.yaml").write_text(yaml.safe_dump(two))
+    with pytest.raises(ExperimentError, match=r"two.yaml: reference: missing: the arm the others are compared with"):
+        load_experiment(setup["tmp"] / "two.yaml")
+    path = write_one_arm(setup, "one", setup["recipe"], [0, 1])
+    out = setup["tmp"] / "out"
+    assert "reference none (one arm: no comparisons)" in invoke(path, out, "--dry-run").output
+    r = invoke(path, out)
+    assert r.exit_code == 0, r.output
+    assert "experiment one: 1 arm × 2 seeds, 2 runs" in r.output
+    assert "| arm | n | mean | 95% CI |\n" in r.output and "Δ" not in r.output, r.output
+    assert "| bigs | 2 |" in r.output and "not estimable (n=2 < 3)" in r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["reference"] is None and res["arms"]["bigs"]["difference"] is None
+    assert len(res["arms"]["bigs"]["values"]) == 2 and "Δ" not in (out / "results.md").read_text()
+    assert "warning" not in r.output  # these rows are full
+
+
+def test_each_runs_warnings_are_shown_once_and_kept_in_results_md(setup):
+    """Documents of one short sentence fill a third of each 32-token row: `ssmlm pretrain` says so, and the
+    experiment (without --verbose) shows it once, under the run's line, and in results.md, from summary.json."""
+    short = setup["tmp"] / "short.jsonl"
+    short.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_lines(80, seed=5)))
+    recipe = tiny_recipe(setup["tmp"] / "short.yaml", short, train={"steps": 2})
+    path = write_one_arm(setup, "warns", str(recipe), [0])
+    out = setup["tmp"] / "out"
+    r = invoke(path, out)
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "runs/bigs/seed0/pretrain/summary.json").read_text())
+    (warning,) = summary["warnings"]
+    assert warning.startswith("packing: the training rows are ") and "[yellow]" not in warning
+    lines = r.output.splitlines()
+    at = lines.index("  warning: " + warning)  # under the run's line, once
+    assert "done pretrain bigs seed 0" in lines[at - 1] and r.output.count(warning) == 1, r.output
+    assert "1 run gave warnings: above, under each run's line, and in results.md" in r.output
+    assert f"- pretrain bigs seed 0: {warning}" in (out / "results.md").read_text()
+    res = json.loads((out / "results.json").read_text())
+    assert [(w["arm"], w["seed"], w["stage"], w["warning"]) for w in res["warnings"]] == [
+        ("bigs", 0, "pretrain", warning)
+    ]
+    r = invoke(path, out)  # reused: the warning comes from summary.json, once again
+    assert r.exit_code == 0 and "(reused)" in r.output and r.output.count(warning) == 1, r.output
 
 
 def start_long_experiment(setup, corpus_file, name: str, prefix: list[str], **popen):

@@ -1,5 +1,7 @@
 """An experiment's results: per arm n, mean and a 95% interval over seeds, and the paired difference to the
-reference arm; written as OUT/results.md, results.csv, results.json and results.png (means with error bars)."""
+reference arm (none in a file of one arm); written as OUT/results.md, results.csv, results.json and results.png
+(means with error bars). An interval that is not estimable (ssmlm.experiment.stats.judged) is shown as such, with
+its reason, and drawn without a bar; results.md also lists the warnings the runs recorded."""
 
 from __future__ import annotations
 
@@ -8,14 +10,23 @@ import time
 from pathlib import Path
 
 from ssmlm.experiment.spec import Experiment
-from ssmlm.experiment.stats import BOOTSTRAP_FROM, BOOTSTRAP_RESAMPLES, LEVEL, mean_interval, paired_difference
+from ssmlm.experiment.stats import (
+    BOOTSTRAP_FROM,
+    BOOTSTRAP_RESAMPLES,
+    LEVEL,
+    MIN_N,
+    mean_interval,
+    paired_difference,
+)
 
-COLUMNS = ("arm", "status", "n", "mean", "ci_low", "ci_high", "ci_method", "diff_n", "diff_mean", "diff_low",
-           "diff_high", "diff_method", "selected", "error")  # fmt: skip
+COLUMNS = ("arm", "status", "n", "mean", "ci_low", "ci_high", "ci_method", "ci_estimable", "ci_reason", "diff_n",
+           "diff_mean", "diff_low", "diff_high", "diff_method", "diff_estimable", "diff_reason", "selected",
+           "error")  # fmt: skip
 
 
-def summarize(exp: Experiment, arms: dict[str, dict], seconds: float) -> dict:
-    """Add every arm's interval and its paired difference to its reference (by seed) to the collected values."""
+def summarize(exp: Experiment, arms: dict[str, dict], seconds: float, warnings: list[dict] | None = None) -> dict:
+    """Add every arm's interval and its paired difference to its reference (by seed) to the collected values;
+    ``warnings``: the runs' (ssmlm.experiment.runner.Runner.warnings)."""
     for name, a in arms.items():
         vals = list(a["values"].values())
         a["interval"] = mean_interval(vals).to_dict() if a["status"] == "ok" and vals else None
@@ -33,8 +44,10 @@ def summarize(exp: Experiment, arms: dict[str, dict], seconds: float) -> dict:
         "reference": exp.reference, "seeds": list(exp.seeds),
         "stages": list(exp.stages), "grid": exp.grid, "level": LEVEL,
         "interval": f"Student t for n < {BOOTSTRAP_FROM} seeds, percentile bootstrap ({BOOTSTRAP_RESAMPLES:,} "
-                    f"resamples) from {BOOTSTRAP_FROM}; differences: paired by seed, Student t",
+                    f"resamples) from {BOOTSTRAP_FROM}; differences: paired by seed, Student t; not estimable "
+                    f"from fewer than {MIN_N} values or values with zero spread",
         "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "arms": arms,
+        "warnings": list(warnings or []),
     }  # fmt: skip
 
 
@@ -55,37 +68,47 @@ def cut(iv: dict | None, bounds: list | None, difference: bool = False) -> dict 
 def _ci(iv: dict | None) -> str:
     if not iv:
         return "–"
-    if iv["low"] is None:
-        return "– (n = 1)"
+    if not iv.get("estimable", True):
+        return f"not estimable ({iv['reason']})"
     return f"[{fmt(iv['low'])}, {fmt(iv['high'])}]{'*' if iv.get('cut') else ''} {iv['method']}"
 
 
-def markdown(res: dict) -> str:
-    """The results table (and, with a grid, the validation means per point)."""
+def markdown(res: dict, warnings: bool = True) -> str:
+    """The results table (and, with a grid, the validation means per point); ``warnings``: the runs' warnings
+    below it (the command prints those as the runs finish instead)."""
     ref = res["reference"]
     one_ref = isinstance(ref, str)
+    compare = any(a.get("reference") for a in res["arms"].values())  # a file of one arm compares nothing
     grid = any("selected" in a for a in res["arms"].values())
     delta_head = f"Δ vs {ref} (paired)" if one_ref else "Δ vs its reference (paired)"
-    head = ["arm", "n", "mean", "95% CI", delta_head, "Δ 95% CI"] + (["selected"] if grid else [])
-    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|---:|---|" + ("---|" if grid else "")]
-    notes, bounds, was_cut = [], res.get("bounds"), False
+    head = ["arm", "n", "mean", "95% CI"] + ([delta_head, "Δ 95% CI"] if compare else []) + (["selected"] * grid)
+    rule = "|---|---:|---:|---|" + ("---:|---|" if compare else "") + ("---|" if grid else "")
+    lines = ["| " + " | ".join(head) + " |", rule]
+    notes, bounds, was_cut, unsure = [], res.get("bounds"), False, False
     for name, a in res["arms"].items():
         iv, d = cut(a["interval"], bounds), cut(a["difference"], bounds, difference=True)
-        was_cut |= any((x or {}).get("cut", False) for x in (iv, d))
+        shown = [x for x in (iv, d) if x and x.get("estimable", True)]
+        was_cut |= any(x.get("cut", False) for x in shown)
         if a["status"] != "ok":
-            row = [name, "–", "failed", "–", "–", "–"]
+            row = [name, "–", "failed", "–"] + ["–", "–"] * compare
             notes.append(f"- {name} failed: {a['error']}")
         else:
+            unsure |= any(x and not x.get("estimable", True) for x in (iv, d))
             delta = f"{d['mean']:+.4g}" if d else "–"
             if one_ref and name == ref:
                 delta = "reference"
             elif d and not one_ref:
                 delta += f" vs {a['reference']}"
-            row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv), delta, _ci(d) if d else "–"]
+            row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv)] + [delta, _ci(d) if d else "–"] * compare
         lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
-    text = [f"{res['name']}: {res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better), "
-            f"{seeds(len(res['seeds']))} {res['seeds']}", "", *lines]  # fmt: skip
+    what = f"{res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better)"
+    text = [f"{res['name']}: {what}, {seeds(len(res['seeds']))} {res['seeds']}", "", *lines]
     text += ["", f"95% CI: {res['interval']}."]
+    if unsure:
+        pairs = "; pairs of seeds for Δ" if compare else ""
+        text += [f"Not estimable: an interval from fewer than {MIN_N} values (seeds{pairs}), or "
+                 "from values that are all equal (zero spread), says nothing of how the next seed would differ; "
+                 "the mean stands, and results.json and .csv keep the interval with estimable: false."]  # fmt: skip
     if was_cut:
         lo, hi = bounds
         text += [f"*: cut at the metric's bounds [{lo:g}, {hi:g}] (a difference's at ±{hi - lo:g}); "
@@ -93,7 +116,18 @@ def markdown(res: dict) -> str:
     if grid:
         text += ["Grid: the point with the best mean final validation metric was selected per arm; the numbers "
                  "above are the separate test split's."]  # fmt: skip
+    if warnings and res.get("warnings"):
+        notes = [*notes, *([""] if notes else []), *warning_lines(res["warnings"])]
     return "\n".join(text + ([""] + notes if notes else [])) + "\n"
+
+
+def warning_lines(warnings: list[dict]) -> list[str]:
+    """The runs' warnings, each text once, with the runs that gave it."""
+    runs: dict[str, list[str]] = {}
+    for w in warnings:
+        runs.setdefault(w["warning"], []).append(w["run"])
+    return ["Warnings the runs gave (each run's summary.json keeps its own):",
+            *(f"- {', '.join(names)}: {text}" for text, names in runs.items())]  # fmt: skip
 
 
 def grid_markdown(res: dict) -> str:
@@ -127,21 +161,31 @@ def seeds(n: int) -> str:
 def csv_row(name: str, a: dict) -> dict:
     iv, d = a["interval"] or {}, a["difference"] or {}
     return {"arm": name, "status": a["status"], "n": iv.get("n"), "mean": iv.get("mean"), "ci_low": iv.get("low"),
-            "ci_high": iv.get("high"), "ci_method": iv.get("method"), "diff_n": d.get("n"),
-            "diff_mean": d.get("mean"), "diff_low": d.get("low"), "diff_high": d.get("high"),
-            "diff_method": d.get("method"), "selected": a.get("selected"), "error": a["error"]}  # fmt: skip
+            "ci_high": iv.get("high"), "ci_method": iv.get("method"), "ci_estimable": iv.get("estimable"),
+            "ci_reason": iv.get("reason"), "diff_n": d.get("n"), "diff_mean": d.get("mean"),
+            "diff_low": d.get("low"), "diff_high": d.get("high"), "diff_method": d.get("method"),
+            "diff_estimable": d.get("estimable"), "diff_reason": d.get("reason"), "selected": a.get("selected"),
+            "error": a["error"]}  # fmt: skip
 
 
 def plot(res: dict, path: Path) -> Path:
     """A forest plot, one row per arm (an experiment can have dozens, so names go on the y axis): each arm's mean
     with its 95% interval, the seeds' values as dots, a single reference's mean as a dashed line; a failed arm is
-    labelled so."""
+    labelled so, and a mean whose interval is not estimable is drawn hollow, without a bar, with the reason."""
     from ssmlm.analyze.plots import _plt, save_figure
 
     plt = _plt()
     names, was_cut = list(res["arms"]), False
     width = max(3.0, 0.075 * max(map(len, names)))  # room for the longest arm name, in inches
     fig, ax = plt.subplots(figsize=(width + 6.5, 0.32 * len(names) + 1.3))
+    seen: set[str] = set()
+
+    def once(label: str) -> str | None:  # each legend entry once
+        if label in seen:
+            return None
+        seen.add(label)
+        return label
+
     for y, name in enumerate(names):
         a = res["arms"][name]
         iv = a["interval"]
@@ -149,13 +193,18 @@ def plot(res: dict, path: Path) -> Path:
             ax.annotate("failed", (0.5, y), xycoords=("axes fraction", "data"), va="center", color="tab:red")
             continue
         vals = list(a["values"].values())
-        ax.scatter(vals, [y + 0.18] * len(vals), s=12, color="0.5", zorder=2, label="seeds" if y == 0 else None)
-        err, iv = None, cut(iv, res.get("bounds"))
+        ax.scatter(vals, [y + 0.18] * len(vals), s=12, color="0.5", zorder=2, label=once("seeds"))
+        iv = cut(iv, res.get("bounds"))
+        if not iv.get("estimable", True):
+            ax.scatter([iv["mean"]], [y], s=30, facecolors="none", edgecolors="tab:blue", zorder=3,
+                       label=once("mean, no CI (not estimable)"))  # fmt: skip
+            ax.annotate(f"no CI: {iv['reason']}", (iv["mean"], y), xytext=(7, 0), textcoords="offset points",
+                        va="center", fontsize=7, color="tab:blue")  # fmt: skip
+            continue
         was_cut |= bool(iv.get("cut"))
-        if iv["low"] is not None:
-            err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
+        err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
         ax.errorbar([iv["mean"]], [y], xerr=err, fmt="o", capsize=4, color="tab:blue", zorder=3,
-                    label="mean, 95% CI" if y == 0 else None)  # fmt: skip
+                    label=once("mean, 95% CI"))  # fmt: skip
     ref = res["arms"][res["reference"]] if isinstance(res["reference"], str) else {"interval": None}
     if ref["interval"]:
         ax.axvline(ref["interval"]["mean"], ls="--", color="0.6", lw=1, label=f"{res['reference']} (reference)")

@@ -1,12 +1,16 @@
 """Planning and running an experiment: every stage of every arm × seed (× grid point) is an ordinary run directory
 under OUT/runs/ARM/seedS/, run by the driver functions the CLI calls.
 
-In waves: the pretraining runs (one per distinct recipe and seed: arms that pretrain identically share it), then
-the finetuning runs, then — after a grid's point is selected per arm on the finetuning runs' validation metric —
-the evaluations (RUN/eval/TASK-SPLIT.json, as `ssmlm evaluate` writes them). A run whose summary.json (an
-evaluation whose JSON) exists is reused; an unfinished one resumes from its newest checkpoint (the driver's own
-rule). A run that fails is recorded with its error's first line (the full traceback under OUT/errors/), its
-dependants are not run, and its arm is reported as failed; the other arms go on.
+Seed by seed: every stage of seed 0 of every arm (pretrain → finetune → evaluate → analyze; arms that pretrain
+identically share the run) before anything of seed 1, so that an experiment stopped early already holds complete
+pairs to compare. With ``jobs`` > 1 a free worker takes the first run in that order whose dependencies are done.
+With a grid, the evaluations (RUN/eval/TASK-SPLIT.json, as `ssmlm evaluate` writes them) and analyses wait until
+every seed's finetuning runs are in: the point is selected per arm on their mean validation metric.
+
+A run whose summary.json (an evaluation whose JSON) exists is reused; an unfinished one resumes from its newest
+checkpoint (the driver's own rule). A run that fails is recorded with its error's first line (the full traceback
+under OUT/errors/), its dependants are not run, and its arm is reported as failed; the other arms go on. The
+warnings a training run recorded (summary.json's ``warnings``) are printed once under its line.
 
 ``jobs`` = 1 runs everything in this process (jax is imported once and the compiled steps of one seed serve the
 next); more start that many worker processes (spawned, each running the same driver functions), which pays only
@@ -40,7 +44,7 @@ class Job:
     """One run: a training stage (recipe → run_dir) or an evaluation of run_dir."""
 
     key: str
-    kind: str  # pretrain | finetune | evaluate
+    kind: str  # pretrain | finetune | evaluate | analyze
     label: str
     run_dir: Path
     recipe: Any = None
@@ -51,6 +55,8 @@ class Job:
     limit: int | None = None
     analysis: tuple = ()  # analyze: (NAME, its options)
     deps: tuple[str, ...] = ()
+    arm: str = ""  # the arm and seed it was planned for (a pretraining run shared by arms: the first)
+    seed: int | None = None
 
 
 @dataclasses.dataclass
@@ -64,22 +70,27 @@ class Outcome:
 
 @dataclasses.dataclass
 class Plan:
-    pretrain: list[Job]
-    finetune: list[Job]
+    jobs: list[Job]  # in the order of work: seed by seed, each arm's chain of stages
     chains: dict[tuple[str, int, int], dict[str, str]]  # (arm, seed, point) -> stage -> job key
+    by_key: dict[str, Job] = dataclasses.field(default_factory=dict)
+
+    def of_kind(self, kind: str) -> list[Job]:
+        return [j for j in self.jobs if j.kind == kind]
 
 
 def build_plan(exp: Experiment, out: Path) -> Plan:
-    """The training runs of every arm × seed × grid point (evaluations come after the selection)."""
+    """Every run of every seed × arm × grid point, seed by seed (evaluations and analyses too, except with a
+    grid: those come after the selection, see later_jobs)."""
     from ssmlm.recipe import load_recipe
 
     pre_by_recipe: dict[str, Job] = {}
-    pretrain, finetune, chains = [], [], {}
-    for arm, stages in exp.arms.items():
-        for seed in exp.seeds:
+    plan = Plan([], {})
+    for seed in exp.seeds:
+        for arm, stages in exp.arms.items():
             seed_dir = out / "runs" / arm / f"seed{seed}"
             for pi, point in enumerate(exp.points()):
                 chain: dict[str, str] = {}
+                plan.chains[(arm, seed, pi)] = chain
                 pre = None
                 if "pretrain" in stages:
                     s = stages["pretrain"]
@@ -90,9 +101,10 @@ def build_plan(exp: Experiment, out: Path) -> Plan:
                     job = pre_by_recipe.get(pre.to_yaml())  # the seed is in the recipe (train.seed)
                     if job is None:
                         label = f"pretrain {arm} seed {seed}{_at(point, 'pretrain')}"
-                        job = Job(f"{arm}/seed{seed}/{name}", "pretrain", label, seed_dir / name, pre)
+                        job = Job(f"{arm}/seed{seed}/{name}", "pretrain", label, seed_dir / name, pre, arm=arm,
+                                  seed=seed)  # fmt: skip
                         pre_by_recipe[pre.to_yaml()] = job
-                        pretrain.append(job)
+                        _add(plan, job)
                     chain["pretrain"] = job.key
                 if "finetune" in exp.stages:
                     name = f"finetune{_suffix(exp, 'finetune', pi)}"
@@ -101,10 +113,18 @@ def build_plan(exp: Experiment, out: Path) -> Plan:
                     job.key, job.run_dir = f"{arm}/seed{seed}/{name}", seed_dir / name
                     job.label = f"finetune {arm} seed {seed}{_at(point, 'finetune')}"
                     job.deps = (chain["pretrain"],) if "pretrain" in chain else ()
-                    finetune.append(job)
+                    job.arm, job.seed = arm, seed
+                    _add(plan, job)
                     chain["finetune"] = job.key
-                chains[(arm, seed, pi)] = chain
-    return Plan(pretrain, finetune, chains)
+                if not exp.grid:
+                    for job in _later(exp, plan, arm, seed, pi):
+                        _add(plan, job)
+    return plan
+
+
+def _add(plan: Plan, job: Job) -> None:
+    plan.jobs.append(job)
+    plan.by_key[job.key] = job
 
 
 def _suffix(exp: Experiment, stage: str, pi: int) -> str:
@@ -130,35 +150,34 @@ def _finetune_job(exp: Experiment, arm: str, seed: int, point: dict, pre, pre_di
     return Job("", "finetune", "", Path(), r, init=s.init)
 
 
-def evaluate_jobs(exp: Experiment, plan: Plan, chosen: dict[str, int], done: dict[str, Job]) -> list[Job]:
-    """One evaluation per arm × seed, of its last training run at the arm's chosen grid point."""
+def later_jobs(exp: Experiment, plan: Plan, chosen: dict[str, int]) -> list[Job]:
+    """With a grid: the evaluations and analyses at each arm's chosen point, seed by seed."""
+    jobs = [job for seed in exp.seeds for arm, pi in chosen.items() for job in _later(exp, plan, arm, seed, pi)]
+    for job in jobs:
+        plan.by_key[job.key] = job
+    return jobs
+
+
+def _later(exp: Experiment, plan: Plan, arm: str, seed: int, pi: int) -> list[Job]:
+    """The evaluation of one arm × seed's last training run, then its analyses (each run's own, in RUN/analysis)."""
+    chain = plan.chains[(arm, seed, pi)]
+    target = chain.get("finetune") or chain.get("pretrain")
+    run_dir = plan.by_key[target].run_dir
     out = []
-    for arm, pi in chosen.items():
+    if "evaluate" in exp.stages:
         ev = exp.arms[arm]["evaluate"]
-        for seed in exp.seeds:
-            chain = plan.chains[(arm, seed, pi)]
-            target = chain.get("finetune") or chain.get("pretrain")
-            key = f"{target}/evaluate-{ev.split}"
-            out.append(Job(key, "evaluate", f"evaluate {arm} seed {seed} ({ev.task or ev.split})",
-                           done[target].run_dir, split=ev.split, batch_size=ev.batch_size, task=ev.task,
-                           limit=ev.limit, deps=(target,)))  # fmt: skip
-            chain["evaluate"] = key
-    return out
-
-
-def analyze_jobs(exp: Experiment, plan: Plan, chosen: dict[str, int], done: dict[str, Job]) -> list[Job]:
-    """One job per analysis per arm × seed, of the run its last stage wrote (the evaluated one)."""
-    out = []
-    for arm, pi in chosen.items():
-        for seed in exp.seeds:
-            chain = plan.chains[(arm, seed, pi)]
-            target = chain.get("finetune") or chain.get("pretrain")
-            deps = tuple(k for k in (target, chain.get("evaluate")) if k)
-            for name, opts in exp.arms[arm]["analyze"].analyses:
-                key = f"{target}/analyze-{name}"
-                out.append(Job(key, "analyze", f"analyze {name} {arm} seed {seed}", done[target].run_dir,
-                               analysis=(name, opts), deps=deps))  # fmt: skip
-                chain[f"analyze-{name}"] = key
+        key = f"{target}/evaluate-{ev.split}"
+        out.append(Job(key, "evaluate", f"evaluate {arm} seed {seed} ({ev.task or ev.split})", run_dir,
+                       split=ev.split, batch_size=ev.batch_size, task=ev.task, limit=ev.limit, deps=(target,),
+                       arm=arm, seed=seed))  # fmt: skip
+        chain["evaluate"] = key
+    if "analyze" in exp.stages:
+        deps = tuple(k for k in (target, chain.get("evaluate")) if k)
+        for name, opts in exp.arms[arm]["analyze"].analyses:
+            key = f"{target}/analyze-{name}"
+            out.append(Job(key, "analyze", f"analyze {name} {arm} seed {seed}", run_dir, analysis=(name, opts),
+                           deps=deps, arm=arm, seed=seed))  # fmt: skip
+            chain[f"analyze-{name}"] = key
     return out
 
 
@@ -218,10 +237,10 @@ def _analyze(job: Job) -> tuple[dict, bool]:
     command = registry()[name].command
     hint = typing.get_type_hints(command, include_extras=True)["ckpt"]
     many = typing.get_origin(typing.get_args(hint)[0] if typing.get_args(hint) else hint) is list
-    printed = io.StringIO()  # the command's JSON summary: kept in the marker, not shown between progress lines
+    printed = io.StringIO()  # anything the command prints: not shown between progress lines
     with contextlib.redirect_stdout(printed):
-        command(ckpt=[str(job.run_dir)] if many else str(job.run_dir), **dict(opts))
-    result = {"analysis": name, "options": dict(opts), "run": str(job.run_dir), "printed": printed.getvalue()[:20000]}
+        returned = command(ckpt=[str(job.run_dir)] if many else str(job.run_dir), **dict(opts))
+    result = {"analysis": name, "options": dict(opts), "run": str(job.run_dir), "result": returned}
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(result))
     return result, False
@@ -312,7 +331,8 @@ def _steps(job: Job) -> int:
 
 
 class Runner:
-    """Runs jobs in waves, one line per start and finish (runs done / total, ETA from the finished runs)."""
+    """Runs jobs in order, one line per start and finish (runs done / total, ETA from the finished runs) and one
+    per distinct warning a training run recorded (its summary.json's ``warnings``)."""
 
     def __init__(self, out: Path, total: Counter, jobs: int = 1, verbose: bool = False, echo=print, steps: int = 0):
         self.out, self.jobs, self.verbose, self.echo = out, jobs, verbose, echo
@@ -325,25 +345,39 @@ class Runner:
         self.jobs_by_key: dict[str, Job] = {}
         self.seconds: dict[str, list[float]] = {}  # kind -> durations of the runs that ran (not reused)
         self.started = 0  # runs started (those not run for a failed dependency count as started)
+        self.warnings: list[dict] = []  # each training run's distinct recorded warnings, in the order they came
         self.t0 = time.time()
 
     def run(self, jobs: list[Job]) -> None:
-        ready = []
+        """Run ``jobs`` in their order; a free worker takes the first whose dependencies are done (a job whose
+        dependency failed is recorded as not run)."""
         for job in jobs:
             self.jobs_by_key[job.key] = job
-            failed = next((d for d in job.deps if not self.done[d].ok), None)
-            if failed is None:
-                ready.append(job)
-                continue
-            self.started += 1
-            self._finish(job, Outcome(False, error=self.done[failed].error), f"not run: {failed} failed")
+        queue = list(jobs)
         with _signals_as_ctrl_c():
-            if self.jobs > 1 and len(ready) > 1:
-                self._pool(ready)
-            else:
-                for job in ready:
+            if self.jobs > 1 and len(jobs) > 1:
+                self._pool(queue)
+            else:  # the order already puts every run after its dependencies
+                while (job := self._next(queue)) is not None:
                     self._start(job)
                     self._finish(job, self._in_process(job))
+
+    def _next(self, queue: list[Job]) -> Job | None:
+        """Take the first queued job whose dependencies have all finished (None: none yet); one whose dependency
+        failed is finished here as not run."""
+        i = 0
+        while i < len(queue):
+            job = queue[i]
+            if any(d not in self.done for d in job.deps):  # waits for a run still going
+                i += 1
+                continue
+            queue.pop(i)
+            failed = next((d for d in job.deps if not self.done[d].ok), None)
+            if failed is None:
+                return job
+            self.started += 1
+            self._finish(job, Outcome(False, error=self.done[failed].error), f"not run: {failed} failed")
+        return None
 
     def _in_process(self, job: Job) -> Outcome:
         try:
@@ -354,22 +388,20 @@ class Runner:
         except Exception as e:  # recorded: the arm is reported as failed, the others go on
             return self._failed(job, e, traceback.format_exc())
 
-    def _pool(self, ready: list[Job]) -> None:
+    def _pool(self, queue: list[Job]) -> None:
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         ctx = multiprocessing.get_context("spawn")  # jax is not fork-safe
-        queue = list(reversed(ready))
-        with ProcessPoolExecutor(min(self.jobs, len(ready)), mp_context=ctx, initializer=_worker_init) as pool:
+        with ProcessPoolExecutor(min(self.jobs, len(queue)), mp_context=ctx, initializer=_worker_init) as pool:
             futures = {}
 
-            def submit() -> None:  # one run per free worker, so that "start" is printed when a run starts
-                job = queue.pop()
-                self._start(job)
-                futures[pool.submit(_timed, job, self.verbose)] = job
+            def fill() -> None:  # one run per free worker, so that "start" is printed when a run starts
+                while len(futures) < self.jobs and (job := self._next(queue)) is not None:
+                    self._start(job)
+                    futures[pool.submit(_timed, job, self.verbose)] = job
 
-            for _ in range(min(self.jobs, len(queue))):
-                submit()
+            fill()
             try:
                 while futures:
                     f = next(iter(wait(futures, return_when=FIRST_COMPLETED).done))
@@ -381,8 +413,7 @@ class Runner:
                         raise
                     except Exception as e:
                         self._finish(job, self._failed(job, e, "".join(traceback.format_exception(e))))
-                    if queue:
-                        submit()
+                    fill()
             except (Interrupted, KeyboardInterrupt):
                 _signal_workers()  # each stops after its current step and writes a checkpoint
                 while True:
@@ -417,6 +448,17 @@ class Runner:
         what = "done" if o.ok else "FAILED"
         tail = "" if o.ok else f": {o.error}"
         self.echo(f"[{len(self.done)}/{self.total}] {what} {job.label} ({how}){tail}{self.eta()}")
+        if o.ok and job.kind in ("pretrain", "finetune"):
+            self._warnings(job, o)
+
+    def _warnings(self, job: Job, o: Outcome) -> None:
+        """The warnings the run recorded in its summary.json, each once, under its line (the run itself printed
+        them only with --verbose, and not when it is reused); kept for results.md."""
+        for text in dict.fromkeys(o.result.get("warnings") or []):
+            self.warnings.append({"arm": job.arm, "seed": job.seed, "stage": job.kind, "run": job.label,
+                                  "run_dir": str(job.run_dir), "warning": text})  # fmt: skip
+            if not self.verbose or o.reused:
+                self.echo(f"  warning: {text}")
 
     def eta(self) -> str:
         """The pretraining steps left × the seconds per step so far, plus the other runs left × the mean duration
@@ -454,20 +496,20 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     plan = build_plan(exp, out)
     n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages else 0
     n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
-    total = Counter(pretrain=len(plan.pretrain), finetune=len(plan.finetune), evaluate=n_eval, analyze=n_analyze)
+    pretrain = plan.of_kind("pretrain")
+    total = Counter(pretrain=len(pretrain), finetune=len(plan.of_kind("finetune")), evaluate=n_eval,
+                    analyze=n_analyze)  # fmt: skip
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
-    echo(f"experiment {exp.name}: {len(exp.arms)} arms × {len(exp.seeds)} seeds{grid}, "
-         f"{sum(total.values())} runs under {out}")  # fmt: skip
-    runner = Runner(out, total, jobs, verbose, echo, steps=sum(_steps(j) for j in plan.pretrain))
-    runner.run(plan.pretrain)
-    runner.run(plan.finetune)
+    n_arms = f"{len(exp.arms)} arm{'s' if len(exp.arms) > 1 else ''}"
+    echo(f"experiment {exp.name}: {n_arms} × {len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}{grid}, "
+         f"{sum(total.values())} runs under {out}, seed by seed")  # fmt: skip
+    runner = Runner(out, total, jobs, verbose, echo, steps=sum(_steps(j) for j in pretrain))
+    runner.run(plan.jobs)
     chosen, grids = select(exp, plan, runner.done)
-    if "evaluate" in exp.stages:
-        runner.run(evaluate_jobs(exp, plan, chosen, runner.jobs_by_key))
-    if "analyze" in exp.stages:
-        runner.run(analyze_jobs(exp, plan, chosen, runner.jobs_by_key))
+    if exp.grid:  # the selection needed every seed's finetuning runs
+        runner.run(later_jobs(exp, plan, chosen))
     arms = {arm: collect_arm(exp, plan, runner, arm, chosen[arm], grids.get(arm)) for arm in exp.arms}
-    return summarize(exp, arms, time.time() - runner.t0)
+    return summarize(exp, arms, time.time() - runner.t0, runner.warnings)
 
 
 def metric_value(exp: Experiment, result: dict, stage: str | None = None) -> float:

@@ -10,7 +10,8 @@ random``.
     bounds: [0, 1]                     # optional: the metric's range, where results.md and the plot cut its
                                        # intervals (default [0, 1] for *accuracy, else none; null: none)
     reference: random                  # the arm the others are compared with, paired by seed; or a mapping
-                                       # ARM: ITS_REFERENCE (e.g. hawk-birdie: hawk-clm; others: no difference)
+                                       # ARM: ITS_REFERENCE (e.g. hawk-birdie: hawk-clm; others: no difference);
+                                       # a file of one arm needs none (no comparisons)
     arms:
       pretrained:
         pretrain: {recipe: default, set: [train.steps=40]}
@@ -90,7 +91,7 @@ class Experiment:
     seeds: tuple[int, ...]
     stages: tuple[str, ...]
     metric: Metric
-    reference: str | dict[str, str]  # one arm, or arm -> the arm it is compared with
+    reference: str | dict[str, str] | None  # one arm, or arm -> the arm it is compared with; None: no comparisons
     arms: dict[str, dict[str, Stage]]  # arm -> stage name -> Stage (a stage not in `stages` may give architecture)
     grid: dict[str, dict[str, list]]  # stage -> dotted key -> values
     description: str = ""
@@ -151,14 +152,16 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ExperimentError(f"{where}: expected a mapping with arms, seeds, stages, metric and reference")
     fail = lambda field, msg: ExperimentError(f"{where}: {field}: {msg}")  # noqa: E731
     _unknown({k: v for k, v in raw.items() if not str(k).startswith("x-")}, TOP_KEYS, "", fail)  # x-*: anchors
-    for key in ("arms", "seeds", "stages", "metric", "reference"):
+    for key in ("arms", "seeds", "stages", "metric"):
         if key not in raw:
             raise fail(key, "missing")
+    if "reference" not in raw and not (isinstance(raw["arms"], dict) and len(raw["arms"]) == 1):
+        raise fail("reference", "missing: the arm the others are compared with (only a file of one arm has none)")
     seeds = _seeds(raw["seeds"], fail)
     stages = _stages(raw["stages"], fail)
     arms = {name: _arm(name, body, stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
     metric = _metric(raw["metric"], raw.get("goal"), raw.get("bounds", "default"), stages, fail)
-    reference = _reference(raw["reference"], arms, fail)
+    reference = _reference(raw.get("reference"), arms, fail)
     grid = _grid(raw.get("grid"), stages, fail)
     exp = Experiment(p, seeds, stages, metric, reference, arms, grid, str(raw.get("description") or ""))
     check_recipes(exp, fail)

@@ -1,6 +1,10 @@
 """Intervals over seeds: a Student t interval for the mean (n < 5), a percentile bootstrap (n >= 5), and the
 paired difference to a reference arm (paired by seed) with its t interval. The t quantile is scipy's (a
-dependency of ssmlm already: ssmlm.evaluate.metrics)."""
+dependency of ssmlm already: ssmlm.evaluate.metrics).
+
+An interval from fewer than MIN_N values, or from values that are all the same, is computed all the same but
+marked not estimable, with the reason: two seeds give one degree of freedom (a t quantile of 12.7), and equal
+values give a zero-width interval that says nothing about the spread the next seed would show."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import numpy as np
 LEVEL = 0.95
 BOOTSTRAP_FROM = 5  # seeds; fewer: the t interval (a bootstrap of 2-4 values has almost no distinct resamples)
 BOOTSTRAP_RESAMPLES = 10_000
+MIN_N = 3  # fewer values (seeds, or pairs of seeds): the interval is not estimable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,9 +26,21 @@ class Interval:
     low: float | None  # None: no interval (one value)
     high: float | None
     method: str  # "t", "bootstrap" or "" (n = 1)
+    estimable: bool = True  # False: low and high say nothing (see reason); the mean stands
+    reason: str | None = None  # why not estimable: "n=2 < 3", "zero spread"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def judged(iv: Interval, values) -> Interval:
+    """``iv`` marked not estimable when it has fewer than MIN_N values or they have no spread."""
+    x = np.asarray(values, dtype=float)
+    reasons = [f"n={iv.n} < {MIN_N}"] if iv.n < MIN_N else []
+    # equal up to rounding (differences of accuracies that are equal fractions can differ in the last bit)
+    if iv.n >= 2 and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max())):
+        reasons.append("zero spread")
+    return dataclasses.replace(iv, estimable=False, reason="; ".join(reasons)) if reasons else iv
 
 
 def t_interval(values, level: float = LEVEL) -> Interval:
@@ -33,9 +50,9 @@ def t_interval(values, level: float = LEVEL) -> Interval:
     x = np.asarray(values, dtype=float)
     n, mean = len(x), float(x.mean())
     if n < 2:
-        return Interval(n, mean, None, None, "")
+        return judged(Interval(n, mean, None, None, ""), x)
     half = float(stats.t.ppf((1 + level) / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
-    return Interval(n, mean, mean - half, mean + half, "t")
+    return judged(Interval(n, mean, mean - half, mean + half, "t"), x)
 
 
 def bootstrap_interval(values, level: float = LEVEL, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Interval:
@@ -45,7 +62,7 @@ def bootstrap_interval(values, level: float = LEVEL, resamples: int = BOOTSTRAP_
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return Interval(len(x), float(x.mean()), float(lo), float(hi), "bootstrap")
+    return judged(Interval(len(x), float(x.mean()), float(lo), float(hi), "bootstrap"), x)
 
 
 def mean_interval(values, level: float = LEVEL) -> Interval:
