@@ -200,7 +200,18 @@ def test_a_single_short_file_all_held_out_says_what_to_do(tmp_path, monkeypatch)
     line = result.output.strip().splitlines()[-1]
     assert line.startswith("error: ") and "no training text left" in line, line
     assert "held out its only document" in line and "lower data.validation_fraction" in line, line
+    assert "tokenizer:" not in result.output  # refused before the tokenizer is trained
     assert not (tmp_path / "home" / "data").is_dir() or not data_dirs(tmp_path / "home")  # nothing half-written
+
+
+def test_a_split_that_holds_nothing_out_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSMLM_HOME", str(tmp_path / "home"))
+    gutenberg_book(tmp_path / "c" / "garden.txt")
+    recipe = tiny_recipe(tmp_path / "r.yaml", tmp_path / "c", data={"validation_fraction": 1e-6})
+    result = invoke("preprocess", recipe)
+    assert result.exit_code == 0, result.output
+    n = len(load_corpus(str(tmp_path / "c")).documents)
+    assert f"no validation: data.validation_fraction = 1e-06 of {n} documents held none out" in result.output
 
 
 def test_the_cache_name_and_fingerprint_follow_the_resolved_files(tmp_path):
