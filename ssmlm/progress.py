@@ -4,24 +4,30 @@
 - fits the console's width: when the columns do not fit, the least useful ones are left out whole (percentage,
   elapsed time, rate, the bar, then the caller's fields from the last) instead of being cut to "59/…";
 - measures its rate and ETA from the end of the first ``skip`` updates on, so a first step's compilation does
-  not count (a compiled step that took 20 s once says nothing about the next thousand);
+  not count (a compiled step that took 20 s once says nothing about the next thousand), as the median pace of
+  its recent seconds (Clock), so that bursts of asynchronously dispatched steps and a stray slow step do not
+  swing it, and with the time of its ``phase``s (evaluations, checkpoint saves) left out: the ETA holds still
+  while they run;
 - without a terminal (a log file, CI) prints a plain line about every ``log_every`` seconds, one as soon as the
   first update ends after a slow start (compilation), and one at the end when it printed any before.
 
 ``activity`` is the same for work without a count (loading, compiling): a spinner with the elapsed time; a
 ``background`` one covers a command's start and steps aside while other bars and spinners are up. ``phase``
-names what a bar's task waits on while its count does not move (an evaluation, a compile).
+names what a bar's task waits on while its count does not move (an evaluation, a compile, a save).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from rich.console import Console
 from rich.live import Live
@@ -40,37 +46,81 @@ BAR_WIDTH = (10, 40)  # the bar's narrowest and widest; narrower than 10 it is l
 
 @dataclass
 class Clock:
-    """A task's steady rate: units done since the end of its ``skip``-th update that moved it on (the ones before
-    include compilation) over the time since then. Measured to now, not to the latest update, so that a burst of
-    asynchronously dispatched steps followed by a wait for the device reads as the slower rate it is."""
+    """A task's pace (seconds per unit) over its latest ``WINDOW`` blocks, where a block is the moves since the
+    previous block's end, closed at the first move at least ``BLOCK_S`` seconds after it began: their seconds over
+    their units, each block's seconds capped at ``CAP`` times the median block's pace. Moves up to the end of the
+    ``skip``-th one are left out (they include compilation).
 
-    added: float  # time.monotonic() when the task was added
+    Why blocks: a training loop dispatches steps asynchronously, so its count moves in bursts (eight steps in a
+    millisecond, then a wait for the device); one move's time says nothing, a second's worth does. Why the cap: one
+    slow block (another process, a garbage collection) passes without moving the ETA, as under a median, while a
+    slowness that recurs (a sync every ten steps) still counts, which a median would leave out. Time while
+    ``pause``d (an evaluation, a checkpoint save: see ``phase``) is left out, so the ETA is of the work the count
+    measures and holds still meanwhile. Rate and ETA change only at a move."""
+
+    added: float  # the time the task was added
     start: float  # its completed count then
     skip: int
     moves: int = 0
-    mark: tuple[float, float] | None = None  # (time, completed) at the end of the skip-th move
-    last: tuple[float, float] | None = None  # (time, completed) at the latest move
+    last: tuple[float, float] | None = None  # (active time, completed) at the latest move
+    block: tuple[float, float] | None = None  # (active time, completed) where the open block began
+    blocks: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=Clock.WINDOW))  # (s, units)
+    paused: float = 0.0  # seconds paused before the current pause
+    since: float | None = None  # when the current pause began
+    depth: int = 0  # pauses open (phases may nest)
+
+    WINDOW: ClassVar[int] = 30
+    BLOCK_S: ClassVar[float] = 1.0
+    CAP: ClassVar[float] = 4.0
+
+    def __post_init__(self):
+        if self.skip == 0:
+            self.block = (self.added, self.start)
+
+    def active(self, now: float) -> float:
+        """``now`` less the time paused so far."""
+        return (self.since if self.since is not None else now) - self.paused
+
+    def pause(self, now: float) -> None:
+        self.depth += 1
+        if self.depth == 1:
+            self.since = now
+
+    def resume(self, now: float) -> None:
+        self.depth = max(self.depth - 1, 0)
+        if self.depth == 0 and self.since is not None:
+            self.paused += now - self.since
+            self.since = None
 
     def see(self, completed: float, now: float) -> None:
         if completed <= (self.start if self.last is None else self.last[1]):
             return
         self.moves += 1
-        self.last = (now, completed)
+        t = self.active(now)
+        self.last = (t, completed)
         if self.moves == self.skip:
-            self.mark = self.last
+            self.block = self.last
+        elif self.block is not None and t - self.block[0] >= self.BLOCK_S:
+            self.blocks.append((t - self.block[0], completed - self.block[1]))
+            self.block = self.last
 
-    def rate(self, now: float, finished: bool = False) -> float | None:
-        """Units per second since the mark (None until a move after it); a finished task's rate stays put."""
-        if self.mark is None or self.last is None or self.last[1] <= self.mark[1]:
+    def pace(self) -> float | None:
+        """Seconds per unit (None until a block is measured)."""
+        if not self.blocks:
             return None
-        end = self.last[0] if finished else now
-        return (self.last[1] - self.mark[1]) / max(end - self.mark[0], 1e-9)
+        cap = self.CAP * statistics.median(s / n for s, n in self.blocks)
+        return sum(min(s, cap * n) for s, n in self.blocks) / sum(n for _, n in self.blocks)
 
-    def eta(self, completed: float, total: float | None, now: float) -> float | None:
+    def rate(self) -> float | None:
+        """Units per second."""
+        pace = self.pace()
+        return None if pace is None else 1 / max(pace, 1e-12)
+
+    def eta(self, completed: float, total: float | None) -> float | None:
         if total is not None and completed >= total:
             return 0.0
-        rate = self.rate(now)
-        return None if rate is None or total is None else (total - completed) / rate
+        pace = self.pace()
+        return None if pace is None or total is None else (total - completed) * pace
 
 
 def clock_time(seconds: float | None) -> str:
@@ -123,14 +173,16 @@ class Percent(Field):
 
 
 class Named(Field):
-    """A ``task.fields`` value under its name, e.g. "loss 3.2104"."""
+    """A ``task.fields`` value under its name, e.g. "loss 3.2104"; a rate's unit follows its value, as it is
+    read aloud: "294,129 tokens/s"."""
 
     def __init__(self, name: str, keep: int):
         super().__init__(keep)
         self.name = name
 
     def text(self, task):
-        return f"{self.name} {task.fields.get(self.name, '-')}"
+        value = task.fields.get(self.name, "-")
+        return f"{value} {self.name}" if self.name.endswith("/s") else f"{self.name} {value}"
 
 
 class Elapsed(Field):
@@ -146,10 +198,10 @@ class Steady(Field):
         self.clocks, self.what = clocks, what
 
     def text(self, task):
-        clock, now = self.clocks.get(task.id), time.monotonic()
+        clock = self.clocks.get(task.id)
         if self.what == "rate":
-            return rate_text(clock.rate(now, task.finished) if clock else None)
-        return "eta " + clock_time(clock.eta(task.completed, task.total, now) if clock else None)
+            return rate_text(clock.rate() if clock else None)
+        return "eta " + clock_time(clock.eta(task.completed, task.total) if clock else None)
 
 
 class FittedProgress(Progress):
@@ -210,7 +262,7 @@ class FittedProgress(Progress):
     def add_task(self, description: str, start: bool = True, total: float | None = 100.0, completed: int = 0,
                  visible: bool = True, **fields) -> TaskID:  # fmt: skip
         task_id = super().add_task(description, start, total, completed, visible, **fields)
-        self.clocks[task_id] = Clock(time.monotonic(), completed, self.skip)
+        self.clocks[task_id] = Clock(self.get_time(), completed, self.skip)
         return task_id
 
     def update(self, task_id: TaskID, **kwargs) -> None:
@@ -221,8 +273,17 @@ class FittedProgress(Progress):
         super().advance(task_id, advance)
         self._moved(task_id)
 
+    def pause(self, task_id: TaskID) -> None:
+        """Leave the time from now until ``resume`` out of the task's rate and ETA (they hold meanwhile)."""
+        if task_id in self.clocks:
+            self.clocks[task_id].pause(self.get_time())
+
+    def resume(self, task_id: TaskID) -> None:
+        if task_id in self.clocks:
+            self.clocks[task_id].resume(self.get_time())
+
     def _moved(self, task_id: TaskID) -> None:
-        task, clock, now = self._tasks[task_id], self.clocks.get(task_id), time.monotonic()
+        task, clock, now = self._tasks[task_id], self.clocks.get(task_id), self.get_time()
         if clock is None:
             return
         moves = clock.moves
@@ -248,10 +309,14 @@ def progress_bar(
     skip: int = 2,
     log_every: float = LOG_EVERY_S,
     console: Console | None = None,
+    rate: bool = True,
+    get_time: Callable[[], float] | None = None,
 ) -> FittedProgress:
-    """A bar with count, steady rate and ETA and any extra ``task.fields`` given by name (e.g. loss), which
-    fits the console's width; ``skip``: updates left out of the rate (they compile). Without a terminal the bar
-    is off and a plain line is printed every ``log_every`` seconds (see the module doc); ``quiet``: nothing."""
+    """A bar with count, steady rate and ETA and any extra ``task.fields`` given by name (e.g. loss; one named
+    like a rate, "tokens/s", reads "294,129 tokens/s"), which fits the console's width; ``skip``: updates left
+    out of the rate (they compile); ``rate``: False leaves the count's own rate out (when a field says it better).
+    Without a terminal the bar is off and a plain line is printed every ``log_every`` seconds (see the module
+    doc); ``quiet``: nothing. ``get_time``: the clock (default time.monotonic; tests pass their own)."""
     console = console or stderr_console
     clocks: dict[TaskID, Clock] = {}
     named = [Named(f, 70 - 5 * i) for i, f in enumerate(fields)]
@@ -261,29 +326,33 @@ def progress_bar(
         Count(90, "green"),
         Percent(20, "magenta"),
         *named,
-        Steady(clocks, "rate", 40),
+        *([Steady(clocks, "rate", 40)] if rate else []),
         Elapsed(30, "yellow"),
         Steady(clocks, "eta", 85, "cyan"),
     ]
     terminal = console.is_terminal
     bar_keep = 62  # the bar is left out before the first two fields, after the others
     return FittedProgress(columns, clocks, bar, bar_keep, skip, None if quiet or terminal else log_every,
-                          console=console, disable=quiet or not terminal, refresh_per_second=4)  # fmt: skip
+                          console=console, disable=quiet or not terminal, refresh_per_second=4,
+                          get_time=get_time)  # fmt: skip
 
 
 @contextmanager
 def phase(bar: FittedProgress, task: TaskID, label: str, after: float | None = None) -> Iterator[Phase]:
-    """Work inside a bar's task that moves no count (an evaluation, a compile). On a terminal the task's
-    description reads "description: label" while it runs; without one, a plain line "description n/total:
+    """Work inside a bar's task that moves no count (an evaluation, a compile, a checkpoint save), left out of
+    its rate and ETA, which hold meanwhile. On a terminal the task's description reads "description: label" while
+    it runs; without one, a plain line "description n/total:
     label…" once it has run ``after`` seconds (default SLOW_START_S), and one with its time when it ends.
     Yields the Phase: ``.set(label)`` moves on to its next part (also from a worker thread); after the context's
     end such calls change nothing (work dropped on a Ctrl-C may go on unobserved)."""
     current = Phase(bar, task, SLOW_START_S if after is None else after)
+    bar.pause(task)  # the time it takes is not the count's: the rate and ETA hold (Clock)
     current.set(label)
     try:
         yield current
     finally:
         current.end()
+        bar.resume(task)
 
 
 class Phase:

@@ -267,7 +267,7 @@ def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_docume
     by_bytes = stream.total_bytes is not None
     written = n_chunks = 0
     t0, n_tokens = time.perf_counter(), 0
-    with progress_bar(quiet, "tokens/s") as bar:
+    with progress_bar(quiet, "tokens/s", rate=False) as bar:  # "294,129 tokens/s" says more than MB/s
         total = stream.total_bytes / 1e6 if by_bytes else stream.total_documents
         unit = "MB" if by_bytes else "documents"
         task = bar.add_task(f"tokenizing ({unit})", total=total, **{"tokens/s": "-"})

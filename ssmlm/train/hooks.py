@@ -5,7 +5,8 @@ After every step ``loop.run`` calls each default hook's ``after_step`` in this o
 1. MetricsLogger: the training metrics of each window to metrics.jsonl (every train.log_every steps and at the
    invocation's last step), then the user hooks' ``on_log``;
 2. DivergenceGuard: stops the run once too many steps were skipped for a non-finite loss or gradient;
-3. Progress: the bar's loss / lr / tok/s / mfu (without a terminal, its plain line every ~30 s);
+3. Progress: the bar's count of finished steps and its loss / lr / tok/s / mfu (without a terminal, its plain
+   line every ~30 s);
 4. Evaluation: validation at the recipe's cadences, the user hooks' ``on_eval``, the controller's update;
 5. Checkpointing: periodic checkpoints and, with train.keep_best, one after every evaluation.
 
@@ -19,6 +20,7 @@ This module imports nothing from the loop at run time: the loop hands each hook 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -144,10 +146,16 @@ class DivergenceGuard(Hook):
 class Progress(Hook):
     """After every step the bar's count, at each logging step its loss, lr, tok/s and mfu (without a terminal the
     bar prints a plain line every ~30 s instead, ssmlm.progress), before the evaluation: its phase follows the
-    step shown. ``phase`` names what the bar waits on between steps (a compile, an evaluation)."""
+    step shown. ``phase`` names what the bar waits on between steps (a compile, an evaluation, a save).
+
+    The count is of the steps the device has finished, not of those dispatched: steps run asynchronously, and a
+    count that ran ahead by the queue's depth and then waited at every logging step would move in bursts, and its
+    rate and ETA with it. Whether a step is done is asked without waiting (``is_ready``); a logging step has waited
+    for all of them."""
 
     def __init__(self, ctx: RunContext, bar, task):
         self.ctx, self.bar, self.task = ctx, bar, task
+        self.pending: deque[tuple[int, Any]] = deque()  # (step, one of its outputs): dispatched, not yet seen done
 
     def phase(self, label: str) -> AbstractContextManager:
         """While it lasts the bar says ``label`` (without a terminal: a line once it takes over 2 s), see
@@ -158,12 +166,24 @@ class Progress(Hook):
 
     def after_step(self, state: TrainState) -> None:
         line = state.log_line
+        self.pending.append((state.step, next(iter(jax.tree.leaves(state.outputs)), None)))
+        done = {}
+        while self.pending and (line is not None or _ready(self.pending[0][1])):
+            done = {"completed": self.pending.popleft()[0]}
         if line is None:
-            self.bar.update(self.task, completed=state.step)
+            self.bar.update(self.task, **done)
             return
         loss, tps, mfu = state.last["loss"], line.tokens_per_s, line.mfu
-        self.bar.update(self.task, completed=state.step, loss=f"{loss:.4f}", lr=f"{line.lr:.2e}",
+        self.bar.update(self.task, **done, loss=f"{loss:.4f}", lr=f"{line.lr:.2e}",
                         mfu=f"{mfu:.1%}" if mfu else "-", **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
+
+    def at_interrupt(self, state: TrainState) -> None:  # the steps before the stop: the checkpoint waits for them
+        self.pending.clear()
+        self.bar.update(self.task, completed=state.step)
+
+
+def _ready(output) -> bool:
+    return getattr(output, "is_ready", lambda: True)()
 
 
 class Stopped(Exception):
@@ -243,10 +263,12 @@ class Checkpointing(Hook):
     """Checkpoints every train.checkpoint_every steps and, with train.keep_best, after every evaluation (both
     before the last step); at the end the final one (or, stopped early, the one to resume from), and the one
     to resume from after a Ctrl-C. A step is saved at most once per invocation (a resumed run's first step
-    counts as saved); each save is announced to the user hooks' on_checkpoint."""
+    counts as saved); each save is announced to the user hooks' on_checkpoint. ``phase`` (Progress.phase) shows
+    the save on the bar, and leaves its time out of the ETA."""
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, phase: Callable[[str], AbstractContextManager] | None = None):
         self.ctx = ctx
+        self.phase = phase or (lambda label: nullcontext(_Unnamed()))
 
     def after_step(self, state: TrainState) -> None:
         cfg = self.ctx.cfg
@@ -275,5 +297,6 @@ class Checkpointing(Hook):
             **({"evaluation_pending": True} if state.eval_pending else {}),
         }
         control = state.control.to_tree() if state.control is not None else None
-        ctx.ckpt.save(step, state.params, state.opt_state, meta, eval_metrics, control)
+        with self.phase("saving a checkpoint"):  # asynchronous, but it waits for the device and the previous save
+            ctx.ckpt.save(step, state.params, state.opt_state, meta, eval_metrics, control)
         emit(ctx.hooks, "on_checkpoint", step)

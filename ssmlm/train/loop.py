@@ -358,7 +358,7 @@ def run(
             task = bar.add_task(stage.kind, total=ctx.total, completed=state.start, loss="-", lr="-", mfu="-",
                                 **{"tok/s": "-"})  # fmt: skip
             defaults = _default_hooks(ctx, bar, task, ctrl_c)
-            _train(ctx, state, defaults, launch, ctrl_c, lambda: bar.update(task, completed=state.step))
+            _train(ctx, state, defaults, launch, ctrl_c)
             if ctrl_c.requested and state.step < ctx.total:
                 _interrupted(ctx, state, defaults)
             summary = _finish(ctx, state, defaults, launch)
@@ -371,9 +371,8 @@ def run(
     return summary
 
 
-def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches, ctrl_c: CtrlC,
-           show: Callable[[], None]) -> None:  # fmt: skip
-    """Steps up to ``state.stop`` (or a Ctrl-C), each followed by the default hooks and ``show`` (the bar)."""
+def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches, ctrl_c: CtrlC) -> None:
+    """Steps up to ``state.stop`` (or a Ctrl-C), each followed by the default hooks (the bar's among them)."""
     stage, cfg = ctx.stage, ctx.cfg
     train_step = make_train_step(stage.loss_fn, ctx.optimizer.tx, ctx.graphdef, cfg.seed, ctx.shardings, cfg.grad_accum)
     if state.control is not None and not state.resumed:
@@ -395,7 +394,6 @@ def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Lau
                 _train_one(ctx, state, prefetch, train_step)
             for hook in defaults:
                 hook.after_step(state)
-            show()
             launch.update(state.step)
     except UserError:
         ctx.ckpt.close()
@@ -510,7 +508,7 @@ def _default_hooks(ctx: RunContext, bar, task, ctrl_c: CtrlC | None = None) -> l
         DivergenceGuard(ctx.cfg.max_skipped_steps),
         progress,
         Evaluation(ctx, evaluate, CONTROL_LAG, run=lambda work: interruptibly(work, ctrl_c), phase=progress.phase),
-        Checkpointing(ctx),
+        Checkpointing(ctx, phase=progress.phase),
     ]
 
 
