@@ -159,9 +159,15 @@ class Progress(Hook):
 
     def phase(self, label: str) -> AbstractContextManager:
         """While it lasts the bar says ``label`` (without a terminal: a line once it takes over 2 s), see
-        ssmlm.progress.phase; the context's value moves it on to its next part (``.set(label)``)."""
+        ssmlm.progress.phase; the context's value moves it on to its next part (``.set(label)``). The steps
+        dispatched before it are waited for and counted first: the phase's work (an evaluation of the newest
+        parameters, a save) would wait for them anyway, and their time is the training's, not the phase's."""
         from ssmlm.progress import phase
 
+        if self.pending:
+            jax.block_until_ready([output for _, output in self.pending])
+            self.bar.update(self.task, completed=self.pending[-1][0])
+            self.pending.clear()
         return phase(self.bar, self.task, label)
 
     def after_step(self, state: TrainState) -> None:
