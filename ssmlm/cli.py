@@ -319,8 +319,10 @@ def extend_length(
     _print_summary(summary, run_dir)
 
 
-def _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir=None):
+def _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir=None,
+                    no_header=False):  # fmt: skip
     changes = {
+        "header": False if no_header else None,
         "name": task,
         "data_dir": data_dir,
         "train_file": train_file,
@@ -338,7 +340,8 @@ FinetuneTaskOpt = Annotated[
     typer.Option(
         "--task",
         help="Encoders: builtin-order, builtin-next, cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, squad, "
-        "squad_v2, quality, contract_nli (or local files: --train-file ...). Language models: phonebook, instruct.",
+        "squad_v2, quality, contract_nli; with --train-file any name names your own task (default: the file's "
+        "name, polarity-train.csv: polarity), a known one keeps its columns. Language models: phonebook, instruct.",
     ),
 ]
 EvaluateTaskOpt = Annotated[
@@ -353,7 +356,8 @@ TrainFileOpt = Annotated[
     str | None,
     typer.Option(
         "--train-file",
-        help="Encoders: a local csv/tsv/jsonl/parquet training file. Language models (--task instruct): a JSONL of "
+        help="Encoders: a local csv/tsv/jsonl/parquet training file (without --validation-file, "
+        "task.validation_fraction of it is held out for validation). Language models (--task instruct): a JSONL of "
         "prompt/response pairs, or flan / openhermes from the hub.",
     ),
 ]
@@ -366,10 +370,25 @@ ValFileOpt = Annotated[
     ),
 ]
 FieldsOpt = Annotated[
-    str | None, typer.Option("--text-fields", help="Encoders: text column(s), comma-separated (one or two).")
-]
-LabelOpt = Annotated[str | None, typer.Option("--label-field", help="Encoders: label column.")]
-NumLabelsOpt = Annotated[int | None, typer.Option("--num-labels", help="Encoders: number of classes; 1 = regression.")]
+    str | None,
+    typer.Option("--text-fields", help="Encoders: text column(s), comma-separated (one or two; default sentence; "
+                 "--no-header: 0-based positions, default all but the last)."),
+]  # fmt: skip
+LabelOpt = Annotated[
+    str | None,
+    typer.Option("--label-field", help="Encoders: label column (default label; --no-header: its 0-based position, "
+                 "default the last). Any values: classes are the training file's sorted distinct labels."),
+]  # fmt: skip
+NumLabelsOpt = Annotated[
+    int | None,
+    typer.Option("--num-labels", help="Encoders: number of classes, checked against the training file's distinct "
+                 "labels (default: their count); 1 = regression."),
+]  # fmt: skip
+NoHeaderOpt = Annotated[
+    bool,
+    typer.Option("--no-header", help="Encoders: the csv/tsv files have no header row; columns by 0-based position "
+                 "(task.header: false)."),
+]  # fmt: skip
 TEXT_FIELDS = checks.Rule(
     lambda v: 1 <= len([f for f in v.split(",") if f.strip()]) == len(v.split(",")) <= 2,
     "one or two comma-separated column names",
@@ -427,6 +446,7 @@ def finetune(
     text_fields: FieldsOpt = None,
     label_field: LabelOpt = None,
     num_labels: NumLabelsOpt = None,
+    no_header: NoHeaderOpt = False,
     set_: SetOpt = None,
     name: NameOpt = None,
     quiet: QuietOpt = False,
@@ -465,7 +485,8 @@ def finetune(
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
-    r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir)
+    r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir,
+                        no_header)  # fmt: skip
     num_labels = _check_lm_task(r, ckpt) if lm else _check_encoder_task(r)
     if dry_run:
         with _starting("finetune --dry-run", quiet):
@@ -474,9 +495,8 @@ def finetune(
             the_plan = plan_finetune(r, ckpt, num_labels)
         return _print_plan(the_plan)
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
-    task_name = r.task.name or Path(r.task.train_file or "task").stem
     start = Path(ckpt).name if ckpt else r.name
-    base_name = name or f"{start}-{'random-' if init == 'random' else ''}{task_name}"
+    base_name = name or f"{start}-{'random-' if init == 'random' else ''}{_task_name(r.task)}"
     _check_run_dir(r, _run_dir(r, base_name))
     results = []
     for seed in seed_list:
@@ -494,6 +514,15 @@ def finetune(
         _report_seeds(results, seed_list, _run_dir(r, f"{base_name}-seeds.json"))
 
 
+def _task_name(task) -> str:
+    """The task's name in its run's name: --task, else the training file's (polarity-train.csv: polarity)."""
+    if task.name or not task.train_file:
+        return task.name or "task"
+    from ssmlm.data.tasks import local_task_name
+
+    return local_task_name(task.train_file)
+
+
 def _run_arch(ckpt: str) -> str:
     """model.arch of a run directory, read from its recipe.yaml without building anything."""
     import yaml
@@ -503,14 +532,19 @@ def _run_arch(ckpt: str) -> str:
 
 
 def _check_encoder_task(r) -> int:
-    """An encoder's task: its files exist and its name is known (before the slow imports); its label count."""
+    """An encoder's task: its files exist and its name is known, a local task's files and labels are read and checked
+    (before the slow imports); its label count."""
     check_inputs(r, data=False)  # the corpus and tokenizer are the source run's
-    from ssmlm.data.tasks import get_task
+    from ssmlm.data.tasks import TASKS, get_task
 
     if r.task.name in LM_TASK_RECIPES:  # a language model's task asked of an encoder: say what would work
         raise UserError(f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
                         "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
                         "finetune that")  # fmt: skip
+    if r.task.train_file and r.task.name not in TASKS:  # a local task: its files, columns and labels, before jax
+        from ssmlm.data.tasks import load_task
+
+        return load_task(r.task, r.train.seed).definition.num_labels
     if r.task.name:
         get_task(r.task.name)
     return r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
@@ -557,6 +591,14 @@ def evaluate(
         str | None,
         typer.Option("--submission", help="Also write the split's predictions as GLUE leaderboard files here."),
     ] = None,
+    predictions: Annotated[
+        str | None,
+        typer.Option(
+            "--predictions",
+            help="Encoders: also write the split's predicted labels, as the task's files "
+            "spell them (e.g. -1/1, pos/neg), to this .csv, .tsv or .jsonl file.",
+        ),
+    ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
     out: Annotated[
         str | None, typer.Option("--out", help="Metrics JSON path (default: RUN/eval/TASK-SPLIT.json).")
@@ -588,6 +630,8 @@ def evaluate(
         checks.output_dir(Path(ckpt) / "eval", "--ckpt")
     if submission:
         checks.output_dir(submission, "--submission")
+    if predictions:
+        checks.output_file(predictions, "--predictions")
     with _starting("evaluate") as start:
         from ssmlm.runs import open_run
         from ssmlm.train.evaluate import evaluate_run
@@ -596,7 +640,8 @@ def evaluate(
         run = open_run(ckpt)
         result = evaluate_run(run, task, split=split, batch_size=batch_size, data_dir=data_dir,
                               validation_file=validation_file, limit=limit,
-                              submission=Path(submission) if submission else None)  # fmt: skip
+                              submission=Path(submission) if submission else None,
+                              predictions_file=Path(predictions) if predictions else None)  # fmt: skip
     _write_result(result, Path(out) if out else None, run)
 
 
@@ -615,7 +660,8 @@ def _write_result(result: dict, path: Path | None, run) -> None:
         if isinstance(v, int | float):
             t.add_row(k, f"{v:.4f}")
     Console().print(t)
-    typer.echo(f"wrote {path}" + (f" and {result['submission']}" if result.get("submission") else ""))
+    also = [result[k] for k in ("submission", "predictions") if result.get(k)]
+    typer.echo(f"wrote {path}" + "".join(f" and {p}" for p in also))
 
 
 @app.command()

@@ -77,14 +77,23 @@ LM_TASK_RECIPES = {"phonebook": "phonebook_finetune", "instruct": "instruct_fine
 class TaskConfig:
     """A finetuning task: a known name, or local files with named columns."""
 
-    name: str | None = None  # a known task (see `ssmlm finetune --help`), e.g. builtin-order, sst2, mnli
+    # a known task (see `ssmlm finetune --help`), e.g. builtin-order, sst2, mnli; with train_file another name names
+    # the local task (None: the training file's name without its split, polarity-train.csv: polarity)
+    name: str | None = None
     train_file: str | None = None
     validation_file: str | None = None
     test_file: str | None = None
     data_dir: str | None = None  # directory in the task's file layout (e.g. GLUE TSVs)
-    text_fields: list[str] | None = None  # one field (single sentence) or two (sentence pair)
-    label_field: str | None = None
-    num_labels: int | None = None  # 1 means regression
+    # one column (single sentence) or two (sentence pair); None: the known task's, else 'sentence'. Without a
+    # header (header: false): 0-based positions, by default every column but the label
+    text_fields: list[str | int] | None = None
+    # None: the known task's, else 'label'; without a header a 0-based position, by default the last column. Its
+    # values may be of any kind (-1/1, 0/1, pos/neg): classes are their sorted distinct values in the training file
+    label_field: str | int | None = None
+    num_labels: int | None = None  # 1 means regression; None: the training file's distinct labels (must equal them)
+    header: bool = True  # csv/tsv: the first row names the columns; false (--no-header): columns by position
+    # no validation file (a local task): this fraction of the training rows is held out, picked by train.seed
+    validation_fraction: float = 0.1
     max_seq_length: int | None = None  # None: the checkpoint's max_seq_length
     padding: Literal["max_length", "longest"] = "max_length"  # official BiGS: every input padded to the length
     phonebook: PhonebookSettings = dataclasses.field(default_factory=PhonebookSettings)  # name: phonebook (LMs)
@@ -102,6 +111,7 @@ TASK_RANGES: dict[str, Rule] = {
     "phonebook.queries": _LO_HI,
     "phonebook.digits": Rule(lambda v: 1 <= v <= 10, "1 to 10"),
     "validation_examples": NON_NEGATIVE,
+    "validation_fraction": within(0, 1, hi_open=True),
     "max_seq_length": SEQ_LEN,
-    "text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names"),
+    "text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names (or positions)"),
 }

@@ -43,4 +43,5 @@ class TaskDef:
 class TaskData:
     definition: TaskDef
     splits: dict[str, dict[str, list]]  # split -> column -> values
-    label_names: list[str] | None = None
+    label_names: list | None = None  # a local task's label map: class id -> the label as its files spell it
+    notes: list[str] = field(default_factory=list)  # what finetuning tells the user: the label map, a held-out split

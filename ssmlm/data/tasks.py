@@ -9,11 +9,14 @@ from __future__ import annotations
 import difflib
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from ssmlm.data import labels
 from ssmlm.data.config import TaskConfig
+from ssmlm.data.task_files import Table, hold_out, positions, read_task_file
 from ssmlm.data.taskdef import TaskData, TaskDef
 from ssmlm.errors import DataError
 
@@ -66,14 +69,16 @@ LONG = {
 }  # fmt: skip
 
 TASKS: dict[str, TaskDef] = {**BUILTIN, **GLUE, **LONG}
-LOCAL_KINDS = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 def get_task(name: str) -> TaskDef:
     if name not in TASKS:
         hint = difflib.get_close_matches(name, list(TASKS), n=1)
         extra = f"; did you mean '{hint[0]}'?" if hint else ""
-        raise DataError(f"unknown task '{name}'{extra} (known: {', '.join(TASKS)})")
+        raise DataError(
+            f"unknown task '{name}'{extra} (known: {', '.join(TASKS)}; "
+            "a task of your own: --train-file FILE or task.train_file)"
+        )
     return TASKS[name]
 
 
@@ -118,22 +123,14 @@ def builtin_task(name: str, n_train: int = 2000, n_validation: int = 500, seed: 
 
 # ----------------------------------------------------------------------------- loading
 
+SPLIT_SUFFIX = re.compile(r"[-_.](train|training)$", re.IGNORECASE)
 
-def _read_local(path: str, where: str) -> dict[str, list]:
-    from ssmlm.data.sources import json_rows, load_table
 
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise DataError(f"{where} '{path}': no such file")
-    kind = LOCAL_KINDS.get(p.suffix)
-    if kind is None:
-        raise DataError(f"{where} '{path}': unsupported file type; expected one of {sorted(LOCAL_KINDS)}")
-    if kind == "json":  # read here, so that a malformed row is reported with its line
-        rows = [row for _, row in json_rows(p)]
-        keys = list(dict.fromkeys(k for row in rows for k in row))
-        return {k: [row.get(k) for row in rows] for k in keys}
-    kw = {"delimiter": "\t", "quoting": 3} if p.suffix == ".tsv" else {}
-    return load_table(p, kind, **kw).to_dict()
+def local_task_name(train_file: str) -> str:
+    """A local task's name: its training file's stem without the split (polarity-train.csv, polarity_train.csv,
+    polarity.train.csv: polarity; a file named just train.csv: train)."""
+    stem = Path(train_file).stem
+    return SPLIT_SUFFIX.sub("", stem) or stem
 
 
 def _read_hub(td: TaskDef, split: str) -> dict[str, list]:
@@ -155,83 +152,143 @@ def _read_hub(td: TaskDef, split: str) -> dict[str, list]:
     return ds.to_dict()
 
 
-def load_task(cfg: TaskConfig) -> TaskData:
-    """Resolve a task from the recipe's task section (and CLI flags folded into it)."""
-    base = get_task(cfg.name) if cfg.name else None
+def _definition(cfg: TaskConfig) -> TaskDef:
+    """A known task's definition, or with --train-file and a name no task has (or none), a local task named after
+    it (or its training file), by default one text column 'sentence' and the label column 'label'. A known name
+    with --train-file keeps that task's columns, label count and metrics (e.g. `--task sst2 --train-file`)."""
+    base = get_task(cfg.name) if cfg.name and not (cfg.train_file and cfg.name not in TASKS) else None
     if base is None and not cfg.train_file:
         raise DataError("no task given: pass --task NAME or --train-file with --text-fields and --label-field")
-    td = TaskDef(
-        name=cfg.name or Path(cfg.train_file).stem,
-        text_fields=tuple(cfg.text_fields) if cfg.text_fields else (base.text_fields if base else ("sentence",)),
-        label_field=cfg.label_field or (base.label_field if base else "label"),
-        num_labels=cfg.num_labels or (base.num_labels if base else 2),
+    text = tuple(map(str, cfg.text_fields)) if cfg.text_fields else (base.text_fields if base else ("sentence",))
+    return TaskDef(
+        name=cfg.name or local_task_name(cfg.train_file),
+        text_fields=text,
+        label_field=str(cfg.label_field) if cfg.label_field is not None else (base.label_field if base else "label"),
+        num_labels=cfg.num_labels or (base.num_labels if base else 0),  # 0: the training file's count of labels
         metrics=base.metrics if base else (("pearson", "spearman") if cfg.num_labels == 1 else ("accuracy",)),
         hub=base.hub if base else None,
         splits=base.splits if base else {"train": "train", "validation": "validation"},
         select=base.select if base else None,
-    )
-    if not 1 <= len(td.text_fields) <= 2:
-        raise DataError(f"task.text_fields = {list(td.text_fields)}: expected one or two column names")
-    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    )  # fmt: skip
+
+
+def _source_splits(cfg: TaskConfig, td: TaskDef, files: dict) -> dict[str, dict[str, list]]:
+    """The splits no file gives: from a GLUE folder (--data-dir) or the hub, with label ids; a known task's test
+    inputs and MNLI's mismatched sets."""
+    from ssmlm.data.glue import read_glue_dir
+
+    glue_dir = cfg.data_dir and td.name in GLUE
     splits: dict[str, dict[str, list]] = {}
+    for split in ("train", "validation"):
+        if files[split]:
+            continue
+        if glue_dir:
+            splits[split] = read_glue_dir(td.name, cfg.data_dir, split)
+        elif td.hub:
+            splits[split] = _read_hub(td, split)
+        elif split == "train":
+            raise DataError("task.train_file is required for a task without a known source")
+    for extra in set(td.splits) - {"train", "validation"}:
+        if td.hub and not files["train"] and not cfg.data_dir:  # e.g. MNLI mismatched from the hub
+            splits[extra] = _read_hub(td, extra)
+    if glue_dir and not files["test"]:
+        try:  # test inputs are optional; their predictions become the leaderboard files
+            splits["test"] = read_glue_dir(td.name, cfg.data_dir, "test")
+            if td.name == "mnli":
+                splits["test_mismatched"] = read_glue_dir(td.name, cfg.data_dir, "test_mismatched")
+        except DataError:
+            pass
+        if td.name == "mnli":
+            splits["validation_mismatched"] = read_glue_dir(td.name, cfg.data_dir, "validation_mismatched")
+    return splits
+
+
+def _check_columns(td: TaskDef, split: str, cols: dict, path: Path | None) -> None:
+    need = [*td.text_fields, *([] if split.startswith("test") else [td.label_field])]
+    missing = [c for c in need if c not in cols]
+    if missing:
+        where = f"{split}, {path}" if path else split
+        hint = "; name them with --text-fields and --label-field" if path else ""
+        raise DataError(f"task {td.name} ({where}): missing column(s) {missing}; columns: {list(cols)}{hint}")
+
+
+def _local_labels(td: TaskDef, cfg: TaskConfig, tables: dict[str, Table], names: list | None):
+    """The local files' labels in place, as class ids by the label map (``names``: a finetuned run's; else the
+    training file's) or as numbers (regression); a known task's files read without its training file hold ids.
+    Returns (the definition with its label count, the map or None, the line describing it or None)."""
+    field = td.label_field
+    for t in tables.values():
+        if field in t.columns and t.path.suffix in (".csv", ".tsv"):
+            t.columns[field] = labels.typed(t.columns[field])
+    labelled = {s: t for s, t in tables.items() if field in t.columns}
+    if td.num_labels == 1:
+        for s, t in labelled.items():
+            t.columns[field] = labels.to_numbers(t.columns[field], field, t.at, s.startswith("test"))
+        return td, None, None
+    train = tables.get("train")
+    if names is None and train is not None:
+        names = labels.label_map(train.columns[field], field, str(train.path), cfg.num_labels, train.at)
+        if td.num_labels and len(names) > td.num_labels:
+            raise DataError(f"task {td.name} has {td.num_labels} labels, but {train.path} holds {len(names)} in "
+                            f"column '{field}': {labels.listing(names)}")  # fmt: skip
+    if names is None:  # a known task's own split from a local file: label ids already
+        for s, t in labelled.items():
+            t.columns[field] = labels.to_class_ids(t.columns[field], td.num_labels, field, t.at, s.startswith("test"))
+        return td, None, None
+    for s, t in labelled.items():
+        t.columns[field] = labels.to_ids(t.columns[field], names, field, t.at, s.startswith("test"))
+    td = td if td.num_labels else replace(td, num_labels=len(names))
+    return td, list(names), labels.balance(names, train.columns[field]) if train is not None else None
+
+
+def load_task(cfg: TaskConfig, seed: int = 0, label_names: list | None = None) -> TaskData:
+    """Resolve a task from the recipe's task section (and CLI flags folded into it).
+
+    ``seed`` (the run's) picks the validation rows held out of a local training file when no validation file is
+    given (``task.validation_fraction``); ``label_names``: a finetuned run's label map, which evaluation uses
+    rather than one read again. Every local label is checked here, before any tokenising.
+    """
     if cfg.name == "contract_nli":
         from ssmlm.data.scrolls import contract_nli_task, read_scrolls, scrolls_from_hub
 
         def rows(split):
-            src = files.get(split) or cfg.data_dir
+            src = {"train": cfg.train_file, "validation": cfg.validation_file}.get(split) or cfg.data_dir
             return read_scrolls(src, split) if src else scrolls_from_hub("contract_nli", split)
 
         return contract_nli_task({s: rows(s) for s in ("train", "validation")})
+    td = _definition(cfg)
+    if not 1 <= len(td.text_fields) <= 2:
+        raise DataError(f"task.text_fields = {list(td.text_fields)}: expected one or two column names")
     if cfg.name in BUILTIN and not cfg.train_file:
-        splits = builtin_task(cfg.name)
-    else:
-        for split in ("train", "validation"):
-            if files[split]:
-                splits[split] = _read_local(files[split], f"task.{split}_file")
-            elif cfg.data_dir and td.name in GLUE:
-                from ssmlm.data.glue import read_glue_dir
-
-                splits[split] = read_glue_dir(td.name, cfg.data_dir, split)
-            elif td.hub:
-                splits[split] = _read_hub(td, split)
-            elif split == "train":
-                raise DataError("task.train_file is required for a task without a known source")
-        for extra in set(td.splits) - {"train", "validation"}:
-            if td.hub and not files["train"] and not cfg.data_dir:  # e.g. MNLI mismatched from the hub
-                splits[extra] = _read_hub(td, extra)
-        if files["test"]:
-            splits["test"] = _read_local(files["test"], "task.test_file")
-        elif cfg.data_dir and td.name in GLUE:
-            from ssmlm.data.glue import read_glue_dir
-
-            try:  # test inputs are optional; their predictions become the leaderboard files
-                splits["test"] = read_glue_dir(td.name, cfg.data_dir, "test")
-                if td.name == "mnli":
-                    splits["test_mismatched"] = read_glue_dir(td.name, cfg.data_dir, "test_mismatched")
-            except DataError:
-                pass
-            if td.name == "mnli":
-                splits["validation_mismatched"] = read_glue_dir(td.name, cfg.data_dir, "validation_mismatched")
-    label_names = None
+        return TaskData(td, builtin_task(cfg.name))
+    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    expected = (*td.text_fields, td.label_field)
+    tables = {s: read_task_file(f, f"task.{s}_file", cfg.header, expected) for s, f in files.items() if f}
+    if not cfg.header and tables:
+        first = tables.get("train") or next(iter(tables.values()))
+        text, label = positions(len(first.columns), cfg.text_fields, cfg.label_field, first.path)
+        td = replace(td, text_fields=text, label_field=label)
+    splits = _source_splits(cfg, td, files)
     for split, cols in splits.items():
-        missing = [
-            c
-            for c in (*td.text_fields, td.label_field)
-            if c not in cols and not (split == "test" and c == td.label_field)
-        ]
-        if missing:
-            raise DataError(f"task {td.name} ({split}): missing column(s) {missing}; columns: {list(cols)}")
-    # String labels (e.g. 'entailment') are mapped to ids in sorted order of the training labels.
-    if td.num_labels > 1 and splits["train"][td.label_field] and isinstance(splits["train"][td.label_field][0], str):
-        label_names = sorted(set(splits["train"][td.label_field]))
-        index = {n: i for i, n in enumerate(label_names)}
-        for split, cols in splits.items():
-            if td.label_field in cols:
-                try:
-                    cols[td.label_field] = [index[v] for v in cols[td.label_field]]
-                except KeyError as e:
-                    raise DataError(f"task {td.name} ({split}): label {e} not seen in training data") from None
-    return TaskData(td, splits, label_names)
+        _check_columns(td, split, cols, None)
+    for split, t in tables.items():
+        _check_columns(td, split, t.columns, t.path)
+    td, names, notes = _local_labels(td, cfg, tables, label_names)
+    notes = [notes] if notes else []
+    if names and any(td.label_field in splits.get(s, {}) for s in ("train", "validation")) and any(
+        labels.key(v) != labels.key(i) for i, v in enumerate(names)):  # fmt: skip
+        raise DataError(f"task {td.name}: the training file's labels ({labels.listing(names)}) are not the "
+                        "label ids of its other splits; pass --validation-file too")  # fmt: skip
+    if "train" in tables and "validation" not in tables and "validation" not in splits:
+        if cfg.validation_fraction > 0:
+            train = tables["train"]
+            tables["train"], tables["validation"] = hold_out(train, cfg.validation_fraction, seed)
+            notes.append(f"validation: {cfg.validation_fraction * 100:g}% of {train.path.name} held out "
+                         f"({len(tables['validation']):,} rows, seed {seed})")  # fmt: skip
+        else:
+            notes.append("validation: none (no validation file and task.validation_fraction = 0)")
+    splits.update({s: t.columns for s, t in tables.items()})
+    return TaskData(td, splits, names, notes)
 
 
 def encode(data: TaskData, split: str, tokenizer, max_len: int, padding: str = "max_length") -> dict[str, np.ndarray]:

@@ -9,14 +9,14 @@ evaluation output. The training loop is the one every objective uses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
 from ssmlm.data.config import TaskConfig
-from ssmlm.data.tasks import TaskDef, encode, get_task, load_task
+from ssmlm.data.tasks import TASKS, TaskDef, encode, load_task
 from ssmlm.errors import DataError
 from ssmlm.evaluate.metrics import score as score_task
 from ssmlm.models import build_classifier, build_multiple_choice, build_span
@@ -115,7 +115,8 @@ class Prepared:
     definition: TaskDef
     arrays: dict[str, dict[str, np.ndarray]]  # split -> model inputs, labels, example_weight
     scorers: dict[str, Callable]  # split -> score(outputs, batches)
-    label_names: list[str] | None = None
+    label_names: list | None = None  # a local task's label map (class id -> its value in the files)
+    notes: list[str] = field(default_factory=list)  # for the user: the label map and balance, a held-out split
 
     @property
     def head(self) -> str:
@@ -145,8 +146,11 @@ def _quality_examples(cfg: TaskConfig, split: str) -> list[dict]:
     return [parse_quality(r) for r in rows]
 
 
-def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128) -> Prepared:
-    base = get_task(cfg.name) if cfg.name else None
+def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128, seed: int = 0,
+            label_names: list | None = None) -> Prepared:  # fmt: skip
+    """A task's arrays and scorers. ``seed`` (the run's) and ``label_names`` (a finetuned run's label map): see
+    `load_task`."""
+    base = TASKS.get(cfg.name) if cfg.name else None  # an unknown name: a local task's, or refused by load_task
     if base is not None and base.head == "span":
         from ssmlm.data.squad import MODEL_KEYS, build_squad_features
 
@@ -165,9 +169,10 @@ def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128) -> 
             a.setdefault("token_type_ids", np.zeros_like(a["input_ids"]))
         score = classification_scorer(base.metrics)
         return Prepared(base, arrays, {s: score for s in arrays})
-    data = load_task(cfg)
+    data = load_task(cfg, seed, label_names)
     if "train" not in data.splits:
         raise DataError(f"task {data.definition.name}: no training split")
     arrays = {split: encode(data, split, tokenizer, max_len, cfg.padding) for split in data.splits}
     score = classification_scorer(data.definition.metrics)
-    return Prepared(replace(data.definition, head="classify"), arrays, {s: score for s in arrays}, data.label_names)
+    return Prepared(replace(data.definition, head="classify"), arrays, {s: score for s in arrays}, data.label_names,
+                    data.notes)  # fmt: skip

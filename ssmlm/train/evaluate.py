@@ -57,6 +57,7 @@ def evaluate_run(
     validation_file: str | None = None,
     limit: int | None = None,
     submission: Path | None = None,
+    predictions_file: Path | None = None,
 ) -> dict[str, Any]:
     """What `ssmlm evaluate` (and an experiment's evaluate stage) runs: a language model asked for a task decodes
     it (phone books, SQuAD, infilling, lm-eval:TASKS); anything else is scored on its own objective or task."""
@@ -75,28 +76,37 @@ def evaluate_run(
             validation_file=validation_file or base.validation_file,
             data_dir=data_dir or base.data_dir,
         )
-    return evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=submission)
+    return evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=submission,
+                    predictions_file=predictions_file)  # fmt: skip
 
 
 def evaluate(
-    run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32, submission: Path | None = None
-) -> dict[str, Any]:
+    run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32, submission: Path | None = None,
+    predictions_file: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Metrics of a run's newest checkpoint: MLM on its held-out data, or its finetuning task.
 
-    With ``submission``, the split's predictions are also written in the GLUE leaderboard format.
+    With ``submission``, the split's predictions are also written in the GLUE leaderboard format; with
+    ``predictions_file``, one per example in the task's own label values (see `write_predictions`).
     """
     check_task(run, recipe_task)
+    if predictions_file is not None and (run.kind != "finetune" or run.info.get("head", "classify") == "span"):
+        what = f"a {run.kind} run" if run.kind != "finetune" else f"finetuned on {run.info.get('task')} (spans)"
+        raise UserError(f"--predictions: {run.dir} is {what}; predictions are written for a classification or "
+                        "regression task's finetuned run")  # fmt: skip
     with activity(f"loading {run.dir}"):
         model, meta = run.load_model()
     result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
     if run.kind == "finetune":
         base = run.recipe.task
         task = recipe_task or base
-        if task.name and task.name != base.name:
+        if task.name and task.name not in (base.name, run.info.get("task")):
             raise UserError(f"{run.dir} was finetuned on '{run.info['task']}', not '{task.name}'")
-        task = dataclasses.replace(task, max_seq_length=base.max_seq_length)
-        with activity(f"reading and tokenizing {task.name or 'the task'}"):
-            prep = prepare(task, run.tokenizer(), task.max_seq_length)
+        task = dataclasses.replace(task, name=base.name, max_seq_length=base.max_seq_length)
+        # a local task's labels are mapped by the run's own map (its training file's when it was finetuned)
+        names = run.info.get("label_names") if base.train_file else None
+        with activity(f"reading and tokenizing {run.info.get('task') or 'the task'}"):
+            prep = prepare(task, run.tokenizer(), task.max_seq_length, seed=run.recipe.train.seed, label_names=names)
         if split not in prep.arrays:
             raise UserError(f"task {prep.definition.name} has no '{split}' split (has {list(prep.arrays)})")
         head = HEADS[run.info.get("head", "classify")]
@@ -105,10 +115,13 @@ def evaluate(
         outputs, batches = run_eval(head.eval, model, task_eval_data(prep.arrays[split], batch_size),
                                     progress=f"evaluating {result['task']}")  # fmt: skip
         result["metrics"] = prep.scorers[split](outputs, batches) if outputs else {}
+        preds = predictions(outputs, batches) if submission or predictions_file else None
+        if predictions_file is not None:
+            names = run.info.get("label_names") if run.info.get("num_labels") != 1 else None
+            result["predictions"] = str(write_predictions(predictions_file, preds, names))
         if submission is not None:
             from ssmlm.data.glue import write_glue_submission
 
-            preds = predictions(outputs, batches)
             name = prep.definition.name
             name = "mnli-mm" if name == "mnli" and split.endswith("mismatched") else name
             path = write_glue_submission(name, preds.tolist(), submission, label_names=run.info.get("label_names"))
@@ -143,3 +156,23 @@ def evaluate(
         result["metrics"] = run_eval(objective.eval, model, ev, objective.score,
                                      progress=f"evaluating {result['task']}")  # fmt: skip
     return result
+
+
+def write_predictions(path: Path, preds, label_names: list | None) -> Path:
+    """One prediction per example of the split, in file order: ``index`` and ``prediction``, the predicted label
+    as the task's files spell it (its label map, e.g. -1 / 1 or 'pos' / 'neg'), a class id where the task has
+    none (GLUE), a number for regression. .jsonl: JSON lines; .tsv: tab-separated; otherwise csv."""
+    import csv
+    import json
+
+    values = [label_names[int(p)] if label_names else p.item() for p in preds]
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        if path.suffix == ".jsonl":
+            f.writelines(json.dumps({"index": i, "prediction": v}) + "\n" for i, v in enumerate(values))
+        else:
+            w = csv.writer(f, delimiter="\t" if path.suffix == ".tsv" else ",", lineterminator="\n")
+            w.writerow(["index", "prediction"])
+            w.writerows(enumerate(values))
+    return path

@@ -12,6 +12,7 @@ from ssmlm.data.loader import ArrayTable, Batches, eval_batches
 from ssmlm.errors import UserError
 from ssmlm.objectives.tasks import HEADS, Prepared, task_batch
 from ssmlm.objectives.tasks import prepare as prepare_task
+from ssmlm.progress import console
 from ssmlm.recipe import Recipe
 from ssmlm.runs import Run
 from ssmlm.train import loop
@@ -57,8 +58,11 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
             f"{source.recipe.model.max_seq_length}; run extend-length first"
         )
     check_padding(source.recipe.model, recipe.task.padding)
-    prep = prepare_task(recipe.task, source.tokenizer(), max_len)
+    prep = prepare_task(recipe.task, source.tokenizer(), max_len, seed=recipe.train.seed)
     td = prep.definition
+    if not quiet:
+        for note in prep.notes:  # the label map and balance, a held-out validation split
+            console.print(note, soft_wrap=True, markup=False, highlight=False)
     recipe = resolve(recipe, source, prep)
     head = HEADS[td.head]
     model = head.build(recipe.model, td.num_labels, recipe.train.seed)

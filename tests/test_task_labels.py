@@ -1,0 +1,224 @@
+"""A local task's labels as a user's files hold them (-1/1, 0/1, pos/neg) through `finetune` and `evaluate`: one
+sorted label map from the training file, kept in the run and used for evaluation and predictions; a held-out
+validation split when no validation file is given; header-less files; and every bad label or file refused at once
+in one line, before any run directory exists."""
+
+import csv
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from conftest import english_lines, tiny_recipe
+from typer.testing import CliRunner
+
+from ssmlm.cli import app
+from ssmlm.data.config import TaskConfig
+from ssmlm.data.tasks import load_task, local_task_name
+from ssmlm.errors import DataError
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def animal(sentence: str) -> int:
+    return int(any(w in sentence for w in ("cat", "dog", "bird")))
+
+
+def write_csv(path, rows, header=("sentence", "label")):
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        if header:
+            w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A tiny pretrained encoder and the same sentences labelled three ways: -1/1, 0/1 and neg/pos."""
+    tmp = tmp_path_factory.mktemp("labels")
+    corpus = tmp / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"doc{i:02d}.txt").write_text("\n".join(english_lines(30, seed=i)) + "\n")
+    r = invoke("pretrain", tiny_recipe(tmp / "r.yaml", corpus), "--name", "base", "-q")
+    assert r.exit_code == 0, r.output
+    train, dev = english_lines(96, seed=11), english_lines(40, seed=12)
+    sign = lambda s: 2 * animal(s) - 1  # noqa: E731
+    write_csv(tmp / "polarity-train.csv", [(s, sign(s)) for s in train])
+    write_csv(tmp / "polarity-dev.csv", [(s, sign(s)) for s in dev])
+    write_csv(tmp / "binary-train.csv", [(s, animal(s)) for s in train])
+    write_csv(tmp / "binary-dev.csv", [(s, animal(s)) for s in dev])
+    words = lambda s: "pos" if animal(s) else "neg"  # noqa: E731
+    (tmp / "words_train.jsonl").write_text(
+        "".join(json.dumps({"sentence": s, "label": words(s)}) + "\n" for s in train)
+    )
+    return SimpleNamespace(tmp=tmp, runs=tmp / "runs", base=tmp / "runs" / "base", train=train, dev=dev)
+
+
+def finetune(env, *args):
+    sets = [f"train.out_dir={env.runs}", "train.batch_size=8", "train.epochs=1", "train.learning_rate=1e-3",
+            "train.seed=3"]  # fmt: skip
+    r = invoke("finetune", "--ckpt", env.base, *[x for s in sets for x in ("--set", s)], *args)
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def summary(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def read_predictions(path) -> list[str]:
+    with path.open() as f:
+        return [row["prediction"] for row in csv.DictReader(f)]
+
+
+def test_minus_one_and_one_are_classes_and_match_their_zero_one_recoding(env):
+    r = finetune(env, "--task", "polarity", "--train-file", env.tmp / "polarity-train.csv",
+                 "--validation-file", env.tmp / "polarity-dev.csv")  # fmt: skip
+    n_pos = sum(animal(s) for s in env.train)
+    assert f"labels: -1 → 0 ({len(env.train) - n_pos:,}), 1 → 1 ({n_pos:,})" in r.output
+    run = env.runs / "base-polarity"
+    info = json.loads((run / "run.json").read_text())
+    assert info["task"] == "polarity" and info["label_names"] == [-1, 1] and info["num_labels"] == 2
+    finetune(env, "--train-file", env.tmp / "binary-train.csv", "--validation-file", env.tmp / "binary-dev.csv")
+    recoded = env.runs / "base-binary"  # named after the file without its split: binary-train.csv -> binary
+    accuracy = summary(run)["validation"]["accuracy"]
+    assert accuracy == summary(recoded)["validation"]["accuracy"]
+
+    preds = env.tmp / "polarity-preds.csv"
+    r = invoke("evaluate", "--ckpt", run, "--task", "polarity", "--predictions", preds)
+    assert r.exit_code == 0, r.output
+    result = json.loads((run / "eval" / "polarity-validation.json").read_text())
+    assert result["metrics"]["accuracy"] == pytest.approx(accuracy)
+    values = read_predictions(preds)
+    assert len(values) == len(env.dev) and set(values) <= {"-1", "1"}  # the file's own values, every row
+    gold = [str(2 * animal(s) - 1) for s in env.dev]
+    assert sum(p == g for p, g in zip(values, gold, strict=True)) / len(gold) == pytest.approx(accuracy)
+
+
+def test_string_labels_with_a_held_out_split(env):
+    r = finetune(env, "--train-file", env.tmp / "words_train.jsonl")
+    n_val = round(len(env.train) * 0.1)
+    assert "labels: neg → 0" in r.output and ", pos → 1 (" in r.output
+    assert f"validation: 10% of words_train.jsonl held out ({n_val} rows, seed 3)" in r.output
+    run = env.runs / "base-words"
+    assert json.loads((run / "run.json").read_text())["label_names"] == ["neg", "pos"]
+
+    preds = env.tmp / "words-preds.tsv"
+    r = invoke("evaluate", "--ckpt", run, "--predictions", preds)
+    assert r.exit_code == 0, r.output
+    result = json.loads((run / "eval" / "words-validation.json").read_text())
+    # the same rows held out again (the run's seed): evaluation agrees with training's last validation
+    assert result["metrics"]["accuracy"] == pytest.approx(summary(run)["validation"]["accuracy"])
+    lines = preds.read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == n_val + 1
+    assert {ln.split("\t")[1] for ln in lines[1:]} <= {"neg", "pos"}
+
+
+def test_header_less_file_reads_columns_by_position(env):
+    rows = [(s, "pos" if animal(s) else "neg") for s in env.train]
+    path = write_csv(env.tmp / "nohead.csv", rows, header=None)
+    r = invoke("finetune", "--ckpt", env.base, "--train-file", path, "--no-header", "--dry-run")
+    assert r.exit_code == 0, r.output
+    data = load_task(TaskConfig(train_file=str(path), header=False), seed=0)
+    assert data.definition.text_fields == ("0",) and data.definition.label_field == "1"
+    assert data.label_names == ["neg", "pos"]
+    assert len(data.splits["train"]["0"]) + len(data.splits["validation"]["0"]) == len(env.train)
+    three = env.tmp / "three.tsv"
+    three.write_text("".join(f"{i}\t{s}\t{animal(s)}\n" for i, s in enumerate(env.train)))
+    data = load_task(TaskConfig(train_file=str(three), header=False, text_fields=[1], label_field=2))
+    assert data.definition.text_fields == ("1",) and data.label_names == [0, 1]
+    pair = load_task(TaskConfig(train_file=str(three), header=False)).definition  # by default: text, text, label
+    assert pair.text_fields == ("0", "1") and pair.label_field == "2"
+    four = env.tmp / "four.tsv"
+    four.write_text("".join(f"{i}\ta\t{s}\t{animal(s)}\n" for i, s in enumerate(env.train)))
+    with pytest.raises(DataError, match="say which hold the text"):  # four columns: which are text is unclear
+        load_task(TaskConfig(train_file=str(four), header=False))
+
+
+# ----------------------------------------------------------------------------- bad input: one line, at once
+
+
+def check_refused(env, args, *culprits):
+    before = set(env.runs.iterdir())
+    start = time.monotonic()
+    r = invoke("finetune", "--ckpt", env.base, "--set", f"train.out_dir={env.runs}", *args)
+    took = time.monotonic() - start
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "Traceback" not in r.output
+    for c in culprits:
+        assert str(c) in lines[0], (c, lines[0])
+    assert took < 10, f"took {took:.1f} s"
+    assert set(env.runs.iterdir()) == before  # no run directory left behind
+
+
+def test_num_labels_must_match_the_training_labels(env):
+    path = write_csv(env.tmp / "three-train.csv", [(s, i % 3) for i, s in enumerate(env.train)])
+    check_refused(env, ["--train-file", path, "--num-labels", "2"], "--num-labels 2", "holds 3 distinct",
+                  "0, 1, 2", path.name)  # fmt: skip
+
+
+def test_unseen_label_in_validation(env):
+    dev = write_csv(env.tmp / "odd-dev.csv", [(env.dev[0], 1), (env.dev[1], "maybe")])
+    check_refused(env, ["--train-file", env.tmp / "polarity-train.csv", "--validation-file", dev],
+                  dev.name, "line 3", "'maybe'", "-1, 1")  # fmt: skip
+
+
+def test_unseen_label_in_test(env):
+    test = write_csv(env.tmp / "odd-test.csv", [(env.dev[0], 0)])
+    check_refused(env, ["--train-file", env.tmp / "polarity-train.csv", "--set", f"task.test_file={test}"],
+                  test.name, "line 2", "label 0", "-1, 1")  # fmt: skip
+
+
+def test_regression_needs_numbers(env):
+    first = "'pos'" if animal(env.train[0]) else "'neg'"
+    check_refused(env, ["--train-file", env.tmp / "words_train.jsonl", "--num-labels", "1"],
+                  "words_train.jsonl", "line 1", first, "not a number")  # fmt: skip
+
+
+def test_header_less_file_is_detected(env):
+    path = write_csv(env.tmp / "bare.csv", [(s, 2 * animal(s) - 1) for s in env.train], header=None)
+    check_refused(env, ["--train-file", path], path.name, "looks like data", "--no-header")
+
+
+def test_one_label_only_and_non_whole_numbers(env):
+    one = write_csv(env.tmp / "one.csv", [(s, "pos") for s in env.train])
+    check_refused(env, ["--train-file", one], "one.csv", "one label only", "'pos'")
+    scores = write_csv(env.tmp / "scores.csv", [(s, i / 4) for i, s in enumerate(env.train)])
+    check_refused(env, ["--train-file", scores], "scores.csv", "not whole", "--num-labels 1")
+
+
+# ----------------------------------------------------------------------------- no model needed
+
+
+def test_label_map_is_sorted_numerically_then_as_text(tmp_path):
+    rows = [("a b", "10"), ("c d", "9"), ("e f", "-1"), ("g h", "9")]
+    data = load_task(TaskConfig(train_file=str(write_csv(tmp_path / "n.csv", rows)), validation_fraction=0))
+    assert data.label_names == [-1, 9, 10] and data.splits["train"]["label"] == [2, 1, 0, 1]
+    assert data.definition.num_labels == 3 and data.notes[0] == "labels: -1 → 0 (1), 9 → 1 (2), 10 → 2 (1)"
+    test = write_csv(tmp_path / "t.csv", [("x y", ""), ("z w", "9.0")])  # an empty test label is unscored
+    data = load_task(TaskConfig(train_file=str(tmp_path / "n.csv"), test_file=str(test), validation_fraction=0))
+    assert data.splits["test"]["label"] == [-1, 1]
+
+
+def test_held_out_split_follows_the_seed(tmp_path):
+    path = write_csv(tmp_path / "s.csv", [(f"sentence {i}", i % 2) for i in range(50)])
+    split = lambda seed: load_task(TaskConfig(train_file=str(path)), seed=seed).splits  # noqa: E731
+    a, b, c = split(0), split(0), split(1)
+    assert a["validation"] == b["validation"] and a["validation"] != c["validation"]
+    assert len(a["validation"]["sentence"]) == 5 and len(a["train"]["sentence"]) == 45
+    assert not set(a["validation"]["sentence"]) & set(a["train"]["sentence"])
+
+
+@pytest.mark.parametrize("file, name", [("polarity-train.csv", "polarity"), ("polarity_train.jsonl", "polarity"),
+                                        ("polarity.train.tsv", "polarity"), ("data/sst/train.csv", "train"),
+                                        ("reviews.csv", "reviews"), ("training.csv", "training")])  # fmt: skip
+def test_local_task_is_named_after_its_file_without_the_split(file, name):
+    assert local_task_name(file) == name
