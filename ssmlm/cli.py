@@ -172,10 +172,11 @@ def _train(kind: str, recipe, run_dir: Path, quiet: bool, **kw) -> dict:
 
 def _print_plan(p: dict) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from ssmlm.evaluate.terminal import titled
 
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
-    t = Table(title=f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
+    t = titled(f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
     t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, {p['width']}")
     t.add_row("sequence length / vocab", f"{p['seq_len']} / {p['vocab_size']:,}")
     t.add_row("parameters", f"{p['params_total']:,} ({p['params_total'] / 1e6:.1f}M)")
@@ -193,17 +194,18 @@ def _print_plan(p: dict) -> None:
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title=f"{summary.get('kind', '')} → {run_dir}", show_header=False)
+    from ssmlm.evaluate.terminal import metric_text, titled
+
+    t = titled(f"{summary.get('kind', '')} → {run_dir}", show_header=False)
     t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
     for k, v in (summary.get("train") or {}).items():
-        t.add_row(f"train {k}", f"{v:.4f}")
+        t.add_row(f"train {k}", metric_text(k, v))
     val = summary.get("validation") or {}
     per_config = [v for k, v in val.items() if k.startswith("config_loss_")]
     for k, v in val.items():
         if not k.startswith("config_loss_"):  # Birdie's per-configuration losses: summarised below
-            t.add_row(f"validation {k}", f"{v:.4f}")
+            t.add_row(f"validation {k}", metric_text(k, v))
     if per_config:
         t.add_row(f"validation loss per configuration ({len(per_config)})",
                   f"{min(per_config):.3f} – {max(per_config):.3f}")  # fmt: skip
@@ -506,7 +508,9 @@ def finetune(
         _print_summary(summary, run_dir)
         best = summary.get("best_validation")
         if best and not lm:
-            values = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k not in ("step", "split"))
+            from ssmlm.evaluate.terminal import metric_text
+
+            values = ", ".join(f"{k} {metric_text(k, v)}" for k, v in best.items() if k not in ("step", "split"))
             typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): "
                        f"{values} (optimistic: the official BiGS script reports this one)")  # fmt: skip
         results.append(summary)
@@ -648,17 +652,18 @@ def evaluate(
 def _write_result(result: dict, path: Path | None, run) -> None:
     """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default) and print its numeric metrics."""
     from rich.console import Console
-    from rich.table import Table
 
     path = path or run.dir / "eval" / f"{result['task']}-{result['split']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
-    t = Table(title=f"{result['task']} / {result['split']} — {run.dir} (step {result['step']})")
+    from ssmlm.evaluate.terminal import metric_text, titled
+
+    t = titled(f"{result['task']} / {result['split']} — {run.dir} (step {result['step']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k, v in result["metrics"].items():
         if isinstance(v, int | float):
-            t.add_row(k, f"{v:.4f}")
+            t.add_row(k, metric_text(k, v))
     Console().print(t)
     also = [result[k] for k in ("submission", "predictions") if result.get(k)]
     typer.echo(f"wrote {path}" + "".join(f" and {p}" for p in also))
@@ -766,20 +771,47 @@ def _register_analyses() -> None:
     from ssmlm.analyze import registry
 
     for name, module in registry().items():
-        analyze_app.command(name, help=module.command.__doc__)(user_errors(_shown(f"analyze {name}", module.command)))
+        command = _shown(f"analyze {name}", module.command, f"{name}: {getattr(module, 'FIGURE', name)}")
+        analyze_app.command(name, help=module.command.__doc__)(user_errors(command))
 
 
-def _shown(command: str, fn):
-    """``fn`` under _starting's spinner from its start (its own bars take over; --quiet, when it has one, hides it)."""
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of tables.")]
+
+
+def _shown(command: str, fn, title: str):
+    """``fn`` under _starting's spinner from its start (its own bars take over; --quiet, when it has one, hides it),
+    then the result it returns as tables under ``title`` (they fit 80 columns), or with --json (an option added to
+    every analysis here) as JSON."""
+    import inspect
+    import typing
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args, as_json: bool = False, **kwargs):
         if kwargs.get("out"):
             checks.output_dir(kwargs["out"], "--out")
         with _starting(command, bool(kwargs.get("quiet")), "working"):
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+        if result is not None:
+            _print_result(result, title, as_json)
 
+    signature = inspect.signature(fn, eval_str=True)
+    json_option = inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt)
+    wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), json_option])
+    wrapper.__annotations__ = {**typing.get_type_hints(fn, include_extras=True), "as_json": JsonOpt}
     return wrapper
+
+
+def _print_result(result: dict, title: str, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    from rich.console import Console
+
+    from ssmlm.evaluate.terminal import result_tables
+
+    console = Console()
+    for table in result_tables(result, title, console):
+        console.print(table)
 
 
 _register_analyses()

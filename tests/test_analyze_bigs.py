@@ -69,7 +69,7 @@ def s4d_kernels(run_dir: Path, length: int):
 def test_compare_writes_both_runs_kernels_and_their_change(runs, tmp_path):
     """BiGS Figure 4: K of the pretrained and of the finetuned encoder at every lag, and ‖K2−K1‖/‖K1‖."""
     pre, ft = runs
-    res = invoke("analyze", "kernels", "--ckpt", pre, "--compare", ft, "--out", tmp_path)
+    res = invoke("analyze", "kernels", "--ckpt", pre, "--compare", ft, "--out", tmp_path, "--json")
     summary = json.loads(res.stdout)
     assert summary["layers"] == [0, 1]  # a 2-layer model: every layer (three spread over the depth, deduplicated)
     k_pre, k_ft = s4d_kernels(pre, 32), s4d_kernels(ft, 32)
@@ -95,7 +95,7 @@ def test_compare_writes_both_runs_kernels_and_their_change(runs, tmp_path):
 
 def test_crop_and_layers_choose_what_the_map_shows(runs, tmp_path):
     pre, _ = runs
-    res = invoke("analyze", "kernels", "--ckpt", pre, "--crop", "3", "--layers", "1", "--out", tmp_path)
+    res = invoke("analyze", "kernels", "--ckpt", pre, "--crop", "3", "--layers", "1", "--out", tmp_path, "--json")
     summary = json.loads(res.stdout)
     assert summary["shown_layers"] == [1] and summary["crop"] == 3 and summary["layers"] == 2
     npz = np.load(tmp_path / "kernels.npz")  # every layer, every lag, as before
@@ -106,7 +106,9 @@ def test_crop_and_layers_choose_what_the_map_shows(runs, tmp_path):
     back = {int(r["lag"]): float(r["kernel"]) for r in rows if r["direction"] == "backward"}
     np.testing.assert_allclose([back[j] for j in range(32)], k[1][1], rtol=1e-5, atol=1e-7)
     # --window is the older name of --crop
-    summary = json.loads(invoke("analyze", "kernels", "--ckpt", pre, "--window", "5", "--out", tmp_path).stdout)
+    summary = json.loads(
+        invoke("analyze", "kernels", "--ckpt", pre, "--window", "5", "--out", tmp_path, "--json").stdout
+    )
     assert summary["crop"] == 5 and summary["shown_layers"] == [0, 1]
 
 
@@ -171,7 +173,7 @@ def test_flops_table_holds_the_paper_numbers_and_the_count(tmp_path):
     from ssmlm.models.bigs import param_count_formula
     from ssmlm.models.config import ModelConfig
 
-    res = invoke("analyze", "flops", "--lengths", "128,512,1024,4096", "--no-xla", "--out", tmp_path)
+    res = invoke("analyze", "flops", "--lengths", "128,512,1024,4096", "--no-xla", "--out", tmp_path, "--json")
     assert json.loads(res.stdout)["data"] == str(tmp_path / "flops.csv")
     rows = {(r["model"], int(r["length"])): r for r in read_csv(tmp_path / "flops.csv")}
     paper = {128: (8.1e10, 7.9e10), 512: (3.2e11, 3.4e11), 1024: (6.5e11, 7.2e11), 4096: (2.6e12, 4.1e12)}
@@ -206,7 +208,9 @@ def test_flops_options_and_report(runs, tmp_path, monkeypatch):
     assert r.exit_code != 0 and "--lengths = '128,x'" in r.output, r.output
     pre, _ = runs
     # --ckpt: the run's model replaces its column's (BiGS); BERT stays bert_large
-    res = json.loads(invoke("analyze", "flops", "--ckpt", pre, "--lengths", "32", "--no-xla", "--out", tmp_path).stdout)
+    res = json.loads(
+        invoke("analyze", "flops", "--ckpt", pre, "--lengths", "32", "--no-xla", "--out", tmp_path, "--json").stdout
+    )
     tiny = next(r for r in res["table"] if r["model"] == "BiGS")
     assert tiny["analytic_train_flops"] < 1e8 and tiny["paper_flops"] is None
     monkeypatch.setattr(flops, "REPORT_LENGTHS", ())  # the run's own length only: two small compiles

@@ -104,7 +104,7 @@ def expected_scores(run_dir: Path):
 
 def test_agreement_matches_logits(mlm_run):
     out = mlm_run / "analysis"
-    res = json.loads(invoke("analyze", "agreement", "--ckpt", mlm_run, "--sample").stdout)
+    res = json.loads(invoke("analyze", "agreement", "--ckpt", mlm_run, "--sample", "--json").stdout)
     expected = expected_scores(mlm_run)
     # per condition: scored items, skipped items, accuracy, from the logits computed above
     want: dict = {}
@@ -231,7 +231,7 @@ def test_cola_by_length_and_category(cola_run):
     run_dir, val = cola_run
     out = run_dir / "analysis"
     res = json.loads(
-        invoke("analyze", "cola", "--ckpt", run_dir, "--annotations", cola.SAMPLE, "--bins", "4,6,9").stdout
+        invoke("analyze", "cola", "--ckpt", run_dir, "--annotations", cola.SAMPLE, "--bins", "4,6,9", "--json").stdout
     )
     sentences = [s for s, _ in val]
     gold = np.array([label for _, label in val])

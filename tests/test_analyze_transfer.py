@@ -137,7 +137,7 @@ def test_length_bins_equal_a_direct_recomputation(runs):
 def test_transfer_points_are_the_runs_numbers(runs):
     tmp, out = runs
     res = invoke("analyze", "transfer", "--ckpt", out / "bigs-pairs", "--ckpt", out / "stack-pairs",
-                 "--out", tmp / "tr", "--bert-reference")  # fmt: skip
+                 "--out", tmp / "tr", "--bert-reference", "--json")  # fmt: skip
     assert json.loads(res.stdout)["plot"].endswith("transfer.png")
     bigs, stack = read_csv(tmp / "tr" / "transfer.csv")
     # bigs: the `evaluate` results of both runs
@@ -212,7 +212,7 @@ def test_adversarial_accuracy_per_distance(runs):
     tmp, out = runs
     ft = out / "bigs-pairs"
     res = json.loads(invoke("analyze", "adversarial", "--ckpt", ft, "--distances", "0,3,7", "--seed", "1",
-                            "--out", tmp / "adv").stdout)  # fmt: skip
+                            "--out", tmp / "adv", "--json").stdout)  # fmt: skip
     table = read_csv(tmp / "adv" / "adversarial.csv")
     assert [int(r["distance"]) for r in table] == [0, 3, 7] and res["examples_scored"] == 40
     ev = json.loads((ft / "eval" / "pairs-validation.json").read_text())

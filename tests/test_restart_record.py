@@ -48,7 +48,7 @@ def test_killed_before_its_first_checkpoint_then_run_again_logs_every_step_once(
     assert steps(run_dir, "train") == [1, 2, 3, 4, 5, 6]
     assert steps(run_dir, "validation") == [1, 5, 6]
     assert steps(run_dir, "controller") == [0, 1, 5]
-    mixture = runner.invoke(app, ["analyze", "mixture", "--ckpt", str(run_dir)])
+    mixture = runner.invoke(app, ["analyze", "mixture", "--ckpt", str(run_dir), "--json"])
     assert mixture.exit_code == 0, mixture.output
     assert json.loads(mixture.stdout)["evaluations"] == 2  # the updates at steps 1 and 5
     summary = json.loads((run_dir / "summary.json").read_text())

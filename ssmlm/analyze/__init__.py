@@ -1,10 +1,11 @@
 """Analyses of trained runs: one module per paper figure or table, each an `ssmlm analyze NAME` command.
 
 The registry is this package: a module that defines ``command`` (a typer command function whose parameters
-are its options; its docstring is the help, naming the figure it reproduces) is registered under its
-``NAME``. Adding an analysis is adding a file. Shared plotting lives in plots.py. The CLI imports every
-analysis module to build its commands, so a module imports numpy, jax or matplotlib inside its functions,
-never at the top (`ssmlm --help` and recipe errors stay instant).
+are its options; its docstring is the help, naming the figure it reproduces; it returns its result, a dict the
+CLI prints as tables, or as JSON with ``--json``) is registered under its ``NAME``. Adding an analysis is adding a
+file. Shared plotting lives in plots.py. The CLI imports every analysis module to build its commands, so a module
+imports numpy, jax or matplotlib inside its functions, never at the top (`ssmlm --help` and recipe errors stay
+instant).
 
 May import anything below it (models, data, objectives, runs, train, evaluate); only cli imports it.
 """

@@ -106,7 +106,7 @@ def command(
     runs = [open_run(c) for c in ckpt]
     out_dir = Path(out) if out else runs[0].dir / "analysis"
     result = analyze_adversarial(runs, out_dir, dists, seed, agreed, split, data_dir, validation_file, batch_size)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def parse_distances(text: str) -> tuple[int, ...]:

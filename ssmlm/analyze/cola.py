@@ -23,7 +23,6 @@ when present; otherwise the report shows the length bins only.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -79,7 +78,7 @@ def command(
     cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
     ann = Path(annotations).expanduser() if annotations else None
     result = analyze_cola(run, Path(out) if out else run.dir / "analysis", edges, ann, cats, split, batch_size)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def applies(run) -> bool:

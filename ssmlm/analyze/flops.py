@@ -101,7 +101,7 @@ def command(
             )
         models[COLUMN[arch]] = model_config(run.recipe)
     result = analyze_flops(models, parsed, out_dir, xla=xla)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def parse_lengths(text: str) -> list[int]:

@@ -11,7 +11,6 @@ pretrained source; ``for_report`` does that comparison on its own for a finetune
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -69,7 +68,7 @@ def command(
         result = analyze_kernels(run, out_dir, window=crop if crop is not None else window, layers=layers)
     else:
         result = compare_kernels(run, open_run(compare), out_dir, layers=layers)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 # ----------------------------------------------------------------------------- the kernels of a run

@@ -11,7 +11,6 @@ Also home of the helpers the adversarial analysis shares: `task_data`, `classifi
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -64,7 +63,7 @@ def command(
     runs = [open_run(c) for c in ckpt]
     out_dir = Path(out) if out else runs[0].dir / "analysis"
     result = analyze_length_bins(runs, out_dir, edges, split, data_dir, validation_file, batch_size)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def parse_edges(text: str) -> tuple[int, ...]:

@@ -12,7 +12,6 @@ with an older ssmlm) counts once, its last record.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -38,7 +37,7 @@ def command(
     """
     checks.run_dir(ckpt, "--ckpt")
     result = analyze_mixture(Path(ckpt), Path(out) if out else Path(ckpt) / "analysis")
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def controller_records(run_dir: Path) -> list[dict]:

@@ -18,7 +18,6 @@ the model applies it (``ssmlm.models.gmlp.spatial_matrix``).
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -56,7 +55,7 @@ def command(
 
     run = open_run(ckpt)
     result = analyze_spatial(run, Path(out) if out else run.dir / "analysis", layers=layer, tokens=token)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def for_report(run, out_dir: Path) -> dict | None:

@@ -27,7 +27,7 @@ def command(
     Example: ssmlm analyze squad-length --ckpt runs/birdie_hawk --ckpt runs/clm_hawk
     """
     result = analyze_squad_length([Path(c) for c in ckpt], Path(out) if out else Path(ckpt[0]) / "analysis")
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def load_result(run_dir: Path) -> dict:

@@ -60,7 +60,7 @@ def command(
     for c in ckpt:
         checks.run_dir(c, "--ckpt")
     result = analyze_transfer([Path(c) for c in ckpt], Path(out) if out else Path(ckpt[0]) / "analysis", metric, bert)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def _json(path: Path):
