@@ -95,7 +95,7 @@ def toeplitz_by_hand(w: np.ndarray, n: int) -> np.ndarray:
 def test_spatial_values_are_the_checkpoint_weights(runs, tmp_path):
     out = tmp_path / "spatial"
     res = json.loads(invoke("analyze", "spatial", "--ckpt", runs["gmlp"], "--out", out, "--layer", 1,
-                            "--token", 0, "--token", 5).stdout)  # fmt: skip
+                            "--token", 0, "--token", 5, "--json").stdout)  # fmt: skip
     kernels = checkpoint_kernels(runs["gmlp"])
     assert kernels.shape == (2, 2 * N - 1)
     W = np.stack([toeplitz_by_hand(k, N) for k in kernels])
@@ -218,7 +218,7 @@ def check_structure(page_path: Path) -> Page:
 @pytest.fixture(scope="module")
 def report(runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    res = invoke("analyze", "report", "-q", "--ckpt", runs["bigs"], "--ckpt", runs["gmlp"], "--out", out)
+    res = invoke("analyze", "report", "-q", "--json", "--ckpt", runs["bigs"], "--ckpt", runs["gmlp"], "--out", out)
     summary = json.loads(res.stdout)
     return out, summary, (out / "index.html").read_text()
 
@@ -327,7 +327,7 @@ def test_a_failing_analysis_shows_its_error_and_the_page_goes_on(runs, tmp_path)
     for step in (run / "checkpoints").iterdir():
         if step.is_dir():
             shutil.rmtree(step / "params")
-    summary = json.loads(invoke("analyze", "report", "-q", "--ckpt", run).stdout)
+    summary = json.loads(invoke("analyze", "report", "-q", "--json", "--ckpt", run).stdout)
     page = (run / "analysis" / "index.html").read_text()
     (info,) = summary["runs"]
     assert "spatial" in info["errors"] and "spatial" not in info["analyses"]
@@ -386,7 +386,7 @@ def lm_runs(runs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def birdie_report(lm_runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("birdie_report")
-    summary = json.loads(invoke("analyze", "report", "-q", "--ckpt", lm_runs["birdie"], "--out", out).stdout)
+    summary = json.loads(invoke("analyze", "report", "-q", "--json", "--ckpt", lm_runs["birdie"], "--out", out).stdout)
     return out, summary, (out / "index.html").read_text()
 
 
@@ -429,7 +429,7 @@ def test_birdie_report_names_the_objective_losses(lm_runs, birdie_report):
 
 def test_finetuned_runs_get_figure_5_only_together(lm_runs, tmp_path):
     ft = lm_runs["phonebook"]
-    alone = json.loads(invoke("analyze", "report", "-q", "--ckpt", ft, "--out", tmp_path / "alone").stdout)
+    alone = json.loads(invoke("analyze", "report", "-q", "--json", "--ckpt", ft, "--out", tmp_path / "alone").stdout)
     page = (tmp_path / "alone" / "index.html").read_text()
     check_structure(tmp_path / "alone" / "index.html")
     (info,) = alone["runs"]
@@ -440,7 +440,7 @@ def test_finetuned_runs_get_figure_5_only_together(lm_runs, tmp_path):
     twin = tmp_path / "twin"
     shutil.copytree(ft, twin)
     both = json.loads(
-        invoke("analyze", "report", "-q", "--ckpt", ft, "--ckpt", twin, "--out", tmp_path / "both").stdout
+        invoke("analyze", "report", "-q", "--json", "--ckpt", ft, "--ckpt", twin, "--out", tmp_path / "both").stdout
     )
     page = (tmp_path / "both" / "index.html").read_text()
     check_structure(tmp_path / "both" / "index.html")
@@ -481,6 +481,65 @@ def test_tables_are_cut_at_max_rows():
     cut = _grid(["a", "b"], [[i, i * 2] for i in range(100)])
     assert cut.count("<tr>") == MAX_ROWS + 1 and f"… {100 - MAX_ROWS + 1} more rows" in cut
     assert _grid(["a"], [[1]] * MAX_ROWS).count("<tr>") == MAX_ROWS + 1
+
+
+def agreement_rows(scored: dict[str, int]) -> list[dict]:
+    """Table 5's rows with ``scored`` items (label -> n) scored, half of them right; the other rows none."""
+    from ssmlm.analyze.agreement import TABLE5, table5_rows
+
+    counts = {}
+    for _, cond, label, *_ in TABLE5:
+        n = scored.get(label, 0)
+        if n:
+            counts[("marvin", cond)] = {"items": n + 1, "skipped": 1, "correct": n // 2, "accuracy": 100 * (n // 2) / n}
+    return table5_rows(counts)
+
+
+def svg_text(path: Path) -> str:
+    """The words of an SVG figure written with its text as text (svg.fonttype none)."""
+    return html.unescape(" ".join(re.findall(r"<text[^>]*>([^<]*)</text>", path.read_text())))
+
+
+def test_agreement_figures_leave_out_empty_rows_and_mark_few(tmp_path):
+    """BiGS Table 5 beside the paper's bars: a condition with no scored item is not drawn (it is named under the
+    figure), one of 2 items is greyed and marked "too few to read", one of 12 is drawn as ours; Figure 8's
+    points the same way."""
+    import matplotlib
+
+    from ssmlm.analyze.agreement import MIN_ITEMS, plot_attractors, plot_table5
+
+    table = agreement_rows({"Sentential complement": 2, "Across prep phrase": 12})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        plot_table5(table, "run (step 2)", tmp_path / "t5.png")
+        plot_attractors([{"attractors": 1, "items": 3, "skipped": 0, "correct": 1, "accuracy": 33.33},
+                         {"attractors": 2, "items": 20, "skipped": 0, "correct": 15, "accuracy": 75.0}],
+                        "run (step 2)", tmp_path / "f8.png")  # fmt: skip
+    words = svg_text(tmp_path / "t5.svg")
+    assert "SV: Sentential complement (n=2)" in words and "SV: Across prep phrase (n=12)" in words
+    assert "n=0" not in words and "Simple (n=" not in words  # rows with nothing scored are not set beside the paper
+    assert "left out, no item scored (11): SV: Simple, " in words
+    assert words.count("too few to read") == 2  # the n = 2 row's mark and the legend's grey entry
+    assert "n = 2, too few to read" in words and "n = 12" not in words
+    assert f"ours, n < {MIN_ITEMS}: too few to read" in words
+    words = svg_text(tmp_path / "f8.svg")
+    assert "n=3" in words and "n=20" in words and f"ours, n < {MIN_ITEMS}: too few to read" in words
+    assert (tmp_path / "t5.png").read_bytes().startswith(PNG)
+
+
+def test_a_report_entry_of_too_few_items_is_marked_and_its_figures_folded(tmp_path):
+    from ssmlm.analyze.report import _analysis_block
+
+    png = tmp_path / "fig.png"
+    png.write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAAASUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+    ))  # fmt: skip
+    entry = {"title": "Agreement", "figure": "BiGS Table 5", "images": [png], "numbers": {"items": 4}}
+    plain = _analysis_block("agreement", entry, tmp_path)
+    few = _analysis_block("agreement", {**entry, "too_few": "no condition has 10 scored items"}, tmp_path)
+    assert plain.startswith("<div class='analysis'>") and "<details>" not in plain and "Too few" not in plain
+    assert few.startswith("<div class='analysis few'>")
+    assert "<p class='few'>Too few items to read: no condition has 10 scored items.</p>" in few
+    assert few.index("<details><summary>the figures anyway</summary>") < few.index("<img ") < few.index("</details>")
 
 
 # ----------------------------------------------------------------------------- in a browser

@@ -27,14 +27,13 @@ by default (the official BiGS setting); a sentence longer than that is skipped a
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ssmlm import checks
-from ssmlm.analyze.plots import write_csv
+from ssmlm.analyze.plots import save_figure, write_csv
 from ssmlm.errors import DataError, UserError
 
 NAME = "agreement"
@@ -62,6 +61,7 @@ TABLE5 = (
 TABLE_COLUMNS = ("phenomenon", "condition", "label", "items", "skipped", "correct", "accuracy", "paper_bigs",
                  "paper_bert", "paper_lstm")  # fmt: skip
 ATTRACTOR_COLUMNS = ("attractors", "items", "skipped", "correct", "accuracy")
+MIN_ITEMS = 10  # scored items an accuracy needs to be read: fewer are greyed and marked in the figures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +108,7 @@ def command(
     run = open_run(ckpt)
     check_applies(run)
     result = analyze_agreement(run, paths, Path(out) if out else run.dir / "analysis", batch_size)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 def applies(run) -> bool:
@@ -144,15 +144,24 @@ def for_report(run, out_dir: Path) -> dict | None:
                 "note": f"None of the {head['items']} sample items could be scored on this run ({reasons}: the "
                         "two verb forms must each be one token of the run's vocabulary, and the sentence must fit "
                         f"{run.recipe.model.max_seq_length} tokens)."}  # fmt: skip
-    numbers = {"stimuli": "hand-written sample (ssmlm/analyze/data)"}
-    numbers.update({k: "n/a" if v is None else v for k, v in result["headline"].items()})
+    numbers = {"stimuli": "hand-written sample (ssmlm/analyze/data)", "items": head["items"]}
+    numbers["skipped"] = head["skipped"]
+    for k, v in head.items():
+        n = result["scored"].get(k)
+        if n is not None:
+            numbers[k] = "n/a" if v is None else f"{v:.1f}% (n = {n}{', too few to read' if n < MIN_ITEMS else ''})"
+    few = max(result["scored"].values(), default=0) < MIN_ITEMS
     return {
         "title": "Agreement (Goldberg's protocol, sample stimuli)",
         "figure": FIGURE,
         "images": [result["plot_table5"], result["plot_attractors"]],
         "data": [result["table5"], result["table5_markdown"], result["attractors"], result["items"]],
         "numbers": numbers,
-    }
+        "note": f"Rows and points with fewer than {MIN_ITEMS} scored items are greyed: too few to read; conditions "
+        "with none are left out of the figure.",
+        **({"too_few": f"no condition has {MIN_ITEMS} scored items (the shipped sample has at most 4 per "
+                       "condition): pass the full stimuli to `ssmlm analyze agreement --data`"} if few else {}),
+    }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- stimuli
@@ -326,8 +335,10 @@ def analyze_agreement(run, paths: list[Path], out_dir: Path, batch_size: int = 6
         "table5_accuracy": round(100.0 * sum(g > b for g, b in marvin) / len(marvin), 2) if marvin else None,
         **{f"attractors={r['attractors']}": r["accuracy"] for r in attractors},
     }
+    # the scored items behind each accuracy of the headline (an accuracy of 2 items is not one to read)
+    scored = {"table5_accuracy": len(marvin), **{f"attractors={r['attractors']}": _n(r) for r in attractors}}
     return {"plot_table5": str(png5), "plot_attractors": str(png8), "table5_markdown": str(md),
-            **{k: str(v) for k, v in paths_out.items()}, "headline": headline}  # fmt: skip
+            **{k: str(v) for k, v in paths_out.items()}, "headline": headline, "scored": scored}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -362,37 +373,63 @@ def markdown(table: list[dict], name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _n(row: dict) -> int:
+    """Scored items of a row (its items less the skipped ones)."""
+    return row["items"] - row["skipped"]
+
+
+def _group(row: dict) -> str:
+    return {"subject-verb": "SV", "reflexive anaphora": "REFL"}.get(row["phenomenon"], "?")
+
+
 def plot_table5(table: list[dict], title: str, out: Path) -> Path:
-    """Table 5 as horizontal bars: our accuracy beside the paper's BiGS and BERT, one group per condition."""
+    """Table 5 as horizontal bars: our accuracy beside the paper's BiGS and BERT, one group per condition. A
+    condition with no scored item is left out (named under the figure); ours with fewer than MIN_ITEMS is grey
+    and marked "too few to read", since an accuracy of two items says nothing beside the paper's."""
+    import textwrap
+
     import numpy as np
 
     from ssmlm.analyze.plots import _plt
 
     plt = _plt()
-    labels = [f"{'SV' if r['phenomenon'] == 'subject-verb' else 'REFL' if r['phenomenon'].startswith('refl') else '?'}"
-              f": {r['label']} (n={r['items'] - r['skipped']})" for r in table]  # fmt: skip
-    y = np.arange(len(table))[::-1]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(table) + 1.6))
-    series = (("accuracy", "ours", "tab:green"), ("paper_bigs", "BiGS (paper)", "tab:red"),
-              ("paper_bert", "BERT (paper)", "tab:blue"))  # fmt: skip
+    rows = [r for r in table if _n(r) > 0]
+    left = [f"{_group(r)}: {r['label']}" for r in table if _n(r) == 0]
+    labels = [f"{_group(r)}: {r['label']} (n={_n(r)})" for r in rows]
+    note = textwrap.fill(f"left out, no item scored ({len(left)}): " + ", ".join(left), 150) if left else ""
+    y = np.arange(len(rows))[::-1]
+    height = 0.45 * max(len(rows), 2) + 2.0 + 0.15 * (note.count("\n") + 1)
+    fig, ax = plt.subplots(figsize=(9, height))
     h = 0.27
-    for k, (key, name, color) in enumerate(series):
-        vals = [np.nan if r[key] is None else r[key] for r in table]
-        ax.barh(y + (1 - k) * h, vals, height=h, color=color, label=name)
-    for yi, r in zip(y, table, strict=True):
-        if r["accuracy"] is None:
-            ax.text(1, yi + h, "no scored items", va="center", fontsize=7, color="tab:green")
+    few = np.array([_n(r) < MIN_ITEMS for r in rows], bool)
+    ours = np.array([np.nan if r["accuracy"] is None else r["accuracy"] for r in rows], float)
+    if not few.all():
+        ax.barh(y[~few] + h, ours[~few], height=h, color="tab:green", label="ours")
+    if few.any():
+        ax.barh(y[few] + h, ours[few], height=h, color="lightgray", label=f"ours, n < {MIN_ITEMS}: too few to read")
+        for yi, r in zip(y[few], np.array(rows, dtype=object)[few], strict=True):
+            ax.text(min(r["accuracy"] or 0, 60) + 1, yi + h, f"n = {_n(r)}, too few to read", va="center",
+                    fontsize=7, color="dimgray")  # fmt: skip
+    for k, (key, name, color) in enumerate((("paper_bigs", "BiGS (paper)", "tab:red"),
+                                            ("paper_bert", "BERT (paper)", "tab:blue")), start=1):  # fmt: skip
+        ax.barh(y + (1 - k) * h, [np.nan if r[key] is None else r[key] for r in rows], height=h, color=color,
+                label=name)  # fmt: skip
+    if not rows:
+        ax.text(0.5, 0.5, "no Table 5 item could be scored", ha="center", va="center", transform=ax.transAxes)
     ax.set_yticks(y, labels)
+    ax.set_ylim(-0.6, max(len(rows), 1) - 0.4)  # bars as thick for one condition as for thirteen
     ax.set_xlim(0, 100)
     ax.axvline(50, color="gray", ls=":", lw=1)
     ax.set_xlabel("accuracy (%): grammatical form scored above ungrammatical")
     ax.set_title(f"Marvin & Linzen agreement (BiGS Table 5): {title}")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))
-    plt.close(fig)
-    return out
+    below = 0.05  # inches under the legend: the note on the conditions left out, if any
+    if note:
+        fig.text(0.01, 0.05 / height, note, fontsize=7, color="dimgray", va="bottom")
+        below += 0.15 * (note.count("\n") + 1)
+    if rows:
+        fig.legend(loc="lower center", bbox_to_anchor=(0.5, below / height), ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, (below + 0.35) / height, 1, 1))  # the legend's row under the axes and their label
+    return save_figure(fig, out)
 
 
 def plot_attractors(rows: list[dict], title: str, out: Path) -> Path:
@@ -403,22 +440,25 @@ def plot_attractors(rows: list[dict], title: str, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     pts = [r for r in rows if r["accuracy"] is not None]
     if pts:
-        ax.plot([r["attractors"] for r in pts], [r["accuracy"] for r in pts], "o-", color="tab:green", label="ours")
+        ax.plot([r["attractors"] for r in pts], [r["accuracy"] for r in pts], "-", color="lightgray", zorder=1)
+        few_label = f"ours, n < {MIN_ITEMS}: too few to read"
+        for few, style in ((False, {"color": "tab:green", "label": "ours"}),
+                           (True, {"color": "lightgray", "label": few_label})):  # fmt: skip
+            part = [r for r in pts if (_n(r) < MIN_ITEMS) == few]
+            if part:
+                ax.plot([r["attractors"] for r in part], [r["accuracy"] for r in part], "o", zorder=2, **style)
         for r in pts:
-            ax.annotate(f"n={r['items'] - r['skipped']}", (r["attractors"], r["accuracy"]), textcoords="offset points",
-                        xytext=(0, 7), ha="center", fontsize=8)  # fmt: skip
+            ax.annotate(f"n={_n(r)}", (r["attractors"], r["accuracy"]), textcoords="offset points", xytext=(0, 7),
+                        ha="center", fontsize=8, color="black" if _n(r) >= MIN_ITEMS else "dimgray")  # fmt: skip
         ax.set_xticks(sorted({r["attractors"] for r in rows}))
-        ax.legend()
+        ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no attractor items scored", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylim(0, 105)
+    ax.set_ylim(0, 110)  # room for the n= over a point at 100
     ax.axhline(50, color="gray", ls=":", lw=1)
     ax.set_xlabel("number of attractors")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"Agreement attractors (BiGS Figure 8): {title}", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    fig.savefig(out.with_suffix(".svg"))
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

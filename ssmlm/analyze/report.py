@@ -12,10 +12,11 @@ Then, per run, in this order (each part a heading with ``data-part``):
                "objectives"); only for runs that logged them
   evaluation   every evaluation the run holds (RUN/eval/*.json: the numeric entries of its ``metrics``)
   analyses     every analysis of the registry that applies: each module's ``for_report(run, out_dir)`` returns
-               {"title", "figure", "images", "data", "numbers", "table", "note"} or None (does not apply);
-               the ones that do not apply are listed; one that fails shows its error line and the page goes on.
-               "table" ({"columns", "rows"}), when given, is shown instead of the "numbers" (name: value)
-               table; a module with REPORT_ACROSS_RUNS_ONLY is drawn across runs only
+               {"title", "figure", "images", "data", "numbers", "table", "note", "too_few"} or None (does not
+               apply); the ones that do not apply are listed; one that fails shows its error line and the page
+               goes on. "table" ({"columns", "rows"}), when given, is shown instead of the "numbers" (name:
+               value) table; "too_few" (why its numbers rest on too few items to read) greys the block and folds
+               its figures away under that line; a module with REPORT_ACROSS_RUNS_ONLY is drawn across runs only
   recipe       the resolved recipe.yaml (collapsed)
 
 No table has more than MAX_ROWS rows (the rest are in the linked CSV). Self-contained: CSS inline and every image
@@ -71,7 +72,7 @@ def command(
     for c in ckpt:
         checks.run_dir(c, "--ckpt")
     result = build_report([Path(c) for c in ckpt], Path(out) if out else Path(ckpt[0]) / "analysis", quiet=quiet)
-    typer.echo(json.dumps(result, indent=2))
+    return result  # printed by the CLI: tables, or JSON with --json
 
 
 # ----------------------------------------------------------------------------- the page
@@ -325,6 +326,10 @@ def _analysis_block(key: str, result: dict, page_dir: Path) -> str:
     figure = result.get("figure") or ""
     note = f"<p class='note'>{_e(result['note'])}</p>" if result.get("note") else ""
     imgs = "".join(_img(Path(p), Path(p).name) for p in result.get("images") or [])
+    few = result.get("too_few")
+    if few:  # figures of a few items beside the paper's numbers would be read as results: one click away
+        note = f"<p class='few'>Too few items to read: {_e(few)}.</p>" + note
+        imgs = f"<details><summary>the figures anyway</summary>{imgs}</details>" if imgs else ""
     numbers = result.get("numbers") or {}
     grid = result.get("table")  # when given, it shows the numbers (which stay for programmatic use)
     if grid:
@@ -334,7 +339,7 @@ def _analysis_block(key: str, result: dict, page_dir: Path) -> str:
     data = [Path(p) for p in result.get("data") or []]
     links = ", ".join(f"<a href='{_e(_rel(p, page_dir))}'>{_e(p.name)}</a>" for p in data)
     return (
-        f"<div class='analysis'><h4>{_e(title)} <span class='fig'>{_e(figure)}</span> "
+        f"<div class='analysis{' few' if few else ''}'><h4>{_e(title)} <span class='fig'>{_e(figure)}</span> "
         f"<code>ssmlm analyze {_e(key)}</code></h4>{note}{imgs}{table}"
         + (f"<p class='meta'>Data: {links}</p>" if links else "")
         + "</div>"
@@ -461,6 +466,7 @@ td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}t
 td.num{text-align:right;font-family:monospace}th{background:#f4f6f8}
 pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:12px}summary{cursor:pointer;font-weight:600}
 .analysis{border-left:3px solid #8ab;padding-left:.8em;margin:1em 0}code{font-size:12px}
+.analysis.few{border-left-color:#ccc;color:#777}.few img{opacity:.6}p.few{font-weight:600}
 .cols{display:flex;gap:1.5em;align-items:flex-start;flex-wrap:wrap}.cols>div{flex:1 1 420px;min-width:0}
 """
 
