@@ -100,6 +100,7 @@ class TaskConfig:
     validation_examples: int = 256  # instruct without a validation file: this many training pairs held out
 
 
+_COLUMN = Rule(lambda v: not isinstance(v, int) or v >= 0, "a column name or a 0-based position")
 _LO_HI = Rule(lambda v: len(v) == 2 and 1 <= v[0] <= v[1], "[lo, hi] with 1 <= lo <= hi")
 
 # task.<field> -> its allowed values ('phonebook.x': a field of the phonebook subsection)
@@ -113,5 +114,8 @@ TASK_RANGES: dict[str, Rule] = {
     "validation_examples": NON_NEGATIVE,
     "validation_fraction": within(0, 1, hi_open=True),
     "max_seq_length": SEQ_LEN,
-    "text_fields": Rule(lambda v: 1 <= len(v) <= 2, "one or two column names (or positions)"),
+    "text_fields": Rule(
+        lambda v: 1 <= len(v) <= 2 and all(_COLUMN.ok(c) for c in v), "one or two column names (or 0-based positions)"
+    ),
+    "label_field": _COLUMN,
 }
