@@ -174,7 +174,7 @@ class Percent(Field):
 
 class Named(Field):
     """A ``task.fields`` value under its name, e.g. "loss 3.2104"; a rate's unit follows its value, as it is
-    read aloud: "294,129 tokens/s"."""
+    read aloud ("294,129 tokens/s"), and is left out until it has one (not "- tokens/s")."""
 
     def __init__(self, name: str, keep: int):
         super().__init__(keep)
@@ -182,7 +182,9 @@ class Named(Field):
 
     def text(self, task):
         value = task.fields.get(self.name, "-")
-        return f"{value} {self.name}" if self.name.endswith("/s") else f"{self.name} {value}"
+        if not self.name.endswith("/s"):
+            return f"{self.name} {value}"
+        return "" if value == "-" else f"{value} {self.name}"
 
 
 class Elapsed(Field):
@@ -218,7 +220,7 @@ class FittedProgress(Progress):
     # -- layout ------------------------------------------------------------------------------------------
     def fit(self, cells: dict[ProgressColumn, list[Text]], width: int) -> tuple[list[ProgressColumn], int]:
         """The columns to show, in their order, and the bar's width (0: no bar) for rows of ``cells``."""
-        keep = dict.fromkeys(cells)
+        keep = dict.fromkeys(c for c in cells if any(t.cell_len for t in cells[c]))  # an empty column takes no room
         if self.bar is not None:
             keep[self.bar] = None
 

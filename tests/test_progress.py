@@ -137,8 +137,9 @@ def test_eta_counts_a_slowness_that_recurs():
 def test_a_rate_field_reads_value_then_unit_and_the_count_rate_can_go():
     con = Console(width=120, force_terminal=True, file=io.StringIO())
     bar = progress_bar(False, "tokens/s", console=con, rate=False)
-    task = bar.add_task("tokenizing (MB)", total=10.0, **{"tokens/s": "294,129"})
-    bar.update(task, completed=3.0)
+    task = bar.add_task("tokenizing (MB)", total=10.0, **{"tokens/s": "-"})
+    assert "tokens/s" not in "\n".join(render(bar, 120))  # not "- tokens/s" before it is measured
+    bar.update(task, completed=3.0, **{"tokens/s": "294,129"})
     text = "\n".join(render(bar, 120))
     assert "294,129 tokens/s" in text and "tokens/s 294" not in text and "-/s" not in text, text
 
