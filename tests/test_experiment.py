@@ -693,3 +693,16 @@ def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
                 os.kill(p, signal.SIGKILL)
     for c in checkpoints:
         assert any(c.iterdir())
+
+
+def test_a_local_task_may_be_named_in_the_file(setup):
+    """``task: NAME`` beside task.train_file names a local task (as ``finetune --task NAME --train-file``); without
+    a file the name must be a known task."""
+    arms = {a: {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"task": "polarity", "set": setup["finetune_set"]}}
+            for a in ("pretrained", "random")}  # fmt: skip
+    exp = load_experiment(write_experiment(setup, arms=arms))
+    assert exp.arms["pretrained"]["finetune"].task == "polarity"
+    for a in arms.values():
+        a["finetune"]["set"] = []
+    with pytest.raises(ExperimentError, match="unknown task 'polarity'"):
+        load_experiment(write_experiment(setup, arms=arms))

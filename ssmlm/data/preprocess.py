@@ -321,6 +321,9 @@ def _trained_tokenizer(cfg: DataConfig, quiet: bool, rows: bool):
         if rows and not train:
             raise DataError(_no_training_text(cfg, n))
         stream = _corpus(cfg)
+    docs = iter(stream.documents)
+    first = next(docs, None)  # a hub source is opened here, so that an unreachable one fails before the line below
+    docs = itertools.chain([] if first is None else [first], docs)
     lm = cfg.tokenizer_type == "byte_bpe"
     if not quiet:
         count = "streamed" if n is None else f"{n:,} document{'s' if n != 1 else ''}"
@@ -329,7 +332,7 @@ def _trained_tokenizer(cfg: DataConfig, quiet: bool, rows: bool):
         )
         _say(f"tokenizer: training a {'byte-level BPE' if lm else 'WordPiece'} of up to {cfg.vocab_size:,} tokens "
              f"on {where}…")  # fmt: skip
-    lines = (line for doc in stream.documents for line in doc)
+    lines = (line for doc in docs for line in doc)
     if lm:
         return train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)
     return train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)

@@ -363,8 +363,8 @@ def stage_overrides(s: Stage) -> list[str]:
 def _check_task(r, exp: Experiment, field: str, fail) -> None:
     if not (r.task.name or r.task.train_file):
         raise fail(field, "no task: give task: NAME (e.g. builtin-order) or set task.train_file=...")
-    # a language model's task is checked by its training code; a local task's name is known too (its files' stem)
-    if r.task.name and r.task.name not in LM_TASK_RECIPES:
+    # a language model's task is checked by its training code; a local task (task.train_file) may have any name
+    if r.task.name and r.task.name not in LM_TASK_RECIPES and not r.task.train_file:
         from ssmlm.data.tasks import get_task
 
         try:
