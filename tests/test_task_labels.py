@@ -119,6 +119,14 @@ def test_string_labels_with_a_held_out_split(env):
     assert lines[0] == "index\tprediction" and len(lines) == n_val + 1
     assert {ln.split("\t")[1] for ln in lines[1:]} <= {"neg", "pos"}
 
+    # an analysis scores the same held-out rows with the same label map (the run's seed is 3, not 0)
+    r = invoke("analyze", "length-bins", "--ckpt", run, "--json")
+    assert r.exit_code == 0, r.output
+    with (run / "analysis" / "length_bins.csv").open() as f:
+        bins = list(csv.DictReader(f))
+    assert sum(int(b["n"]) for b in bins) == n_val
+    assert sum(int(b["correct"]) for b in bins) / n_val == pytest.approx(result["metrics"]["accuracy"])
+
 
 def test_header_less_file_reads_columns_by_position(env):
     rows = [(s, "pos" if animal(s) else "neg") for s in env.train]

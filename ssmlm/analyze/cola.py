@@ -136,11 +136,11 @@ def split_predictions(run, split: str = "validation", batch_size: int = 32):
     `length_bins.predict`'s (the one evaluation runner)."""
     import numpy as np
 
-    from ssmlm.analyze.length_bins import predict
-    from ssmlm.data.tasks import encode, load_task
+    from ssmlm.analyze.length_bins import predict, run_task
+    from ssmlm.data.tasks import encode
 
     task = run.recipe.task
-    data = load_task(task)
+    data = run_task(run, task)
     if split not in data.splits:
         raise UserError(f"task {data.definition.name} has no '{split}' split (has {list(data.splits)})")
     max_len = task.max_seq_length or run.recipe.model.max_seq_length

@@ -92,8 +92,6 @@ def classifier_run(run) -> str | None:
 
 def task_data(run, data_dir: str | None = None, validation_file: str | None = None):
     """(TaskData, max_len, padding) of a finetuned run's task, resolved as `ssmlm evaluate` resolves it."""
-    from ssmlm.data.tasks import load_task
-
     why = classifier_run(run)
     if why:
         raise UserError(why)
@@ -106,7 +104,16 @@ def task_data(run, data_dir: str | None = None, validation_file: str | None = No
         data_dir=data_dir or run.recipe.task.data_dir,
     )
     max_len = task.max_seq_length or run.recipe.model.max_seq_length
-    return load_task(task), max_len, task.padding
+    return run_task(run, task), max_len, task.padding
+
+
+def run_task(run, task):
+    """The run's task as its training saw it: the rows its seed held out for validation (no validation file) and,
+    for a local task, its label map (ssmlm.data.tasks.load_task)."""
+    from ssmlm.data.tasks import load_task
+
+    names = run.info.get("label_names") if task.train_file else None
+    return load_task(task, run.recipe.train.seed, names)
 
 
 def predict(run, arrays: dict, batch_size: int = 32, model=None):
