@@ -244,13 +244,13 @@ def budget(results: dict, out: Path) -> str:
             if iv:
                 xs.append(steps)
                 ys.append(100 * iv["mean"])
-                c = cut(iv, ACCURACY)
+                c = cut(iv, ACCURACY) if iv.get("estimable", True) else {"low": None, "high": None}
                 lo, hi = c["low"], c["high"]
                 err[0].append(0 if lo is None else 100 * (iv["mean"] - lo))
                 err[1].append(0 if hi is None else 100 * (hi - iv["mean"]))
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
         if rnd:
-            c = cut(rnd, ACCURACY)
+            c = cut(rnd, ACCURACY) if rnd.get("estimable", True) else {"low": None, "high": None}
             lo, hi = c["low"], c["high"]
             if lo is not None:
                 ax.axhspan(100 * lo, 100 * hi, color="0.85", label="random init (95% CI)")
@@ -277,6 +277,8 @@ def cell(iv: dict | None) -> str:
 
     if not iv:
         return "–"
+    if not iv.get("estimable", True):  # fewer than 3 seeds, or no spread: the interval says nothing
+        return f"{100 * iv['mean']:.1f} [not estimable: {iv['reason']}]"
     c = cut(iv, ACCURACY)
     lo, hi = c["low"], c["high"]
     if lo is None:
@@ -285,6 +287,8 @@ def cell(iv: dict | None) -> str:
 
 
 def diff_ci(d: dict) -> str:
+    if not d.get("estimable", True):
+        return f"not estimable: {d['reason']}"
     return "n = 1" if d["low"] is None else f"{100 * d['low']:+.1f}, {100 * d['high']:+.1f}"
 
 

@@ -98,3 +98,15 @@ def test_budget_table_cuts_intervals_at_the_accuracy_bounds(tmp_path):
     table = t.budget({"arms": arms}, tmp_path)
     assert "85.0 [69.0, 100.0]; Δ -5.0 [-20.0, +10.0]" in table and "101.4" not in table
     assert (tmp_path / "budget.png").stat().st_size > 0
+
+
+def test_budget_table_marks_intervals_that_are_not_estimable(tmp_path):
+    """Equal accuracies over the seeds give a zero-width interval: the table says it is not estimable."""
+    t = load_bench()
+    flat = {"n": 3, "mean": 0.972, "low": 0.972, "high": 0.972, "estimable": False, "reason": "zero spread"}
+    arms = {f"bigs-random-{task}": {"interval": flat} for task in t.TASKS}
+    diff = {"n": 2, "mean": 0.02, "low": -0.1, "high": 0.14, "estimable": False, "reason": "n=2 < 3"}
+    arms["bigs-pretrained200-order"] = {"interval": {"n": 3, "mean": 0.9, "low": 0.8, "high": 1.0}, "difference": diff}
+    table = t.budget({"arms": arms}, tmp_path)
+    assert "97.2 [not estimable: zero spread]" in table and "[97.2, 97.2]" not in table
+    assert "Δ +2.0 [not estimable: n=2 < 3]" in table
