@@ -101,3 +101,25 @@ def test_readme_links_resolve():
         assert target.exists(), f"README links to {link}: no such file"
         if anchor:
             assert anchor in _anchors(target.read_text()), f"README links to {link}: no such heading"
+
+
+def test_the_finetuning_guides_experiment_file_loads_as_written(tmp_path, monkeypatch):
+    """The guide's local-task experiment file, copied as a user would, is a valid experiment (every arm's recipes
+    loaded with their overrides) once its files exist."""
+    from typer.testing import CliRunner
+
+    from ssmlm.experiment.spec import load_experiment
+
+    guide = (HOOK.parent.parent / "guides" / "finetuning.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", guide, re.S) if b.startswith("# polarity.yaml"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "book.txt").write_text("It was a truth universally acknowledged.\n")
+    for split in ("train", "test"):
+        (tmp_path / f"polarity-{split}.csv").write_text("sentence,label\na fine day,1\na dull day,-1\n")
+    (tmp_path / "polarity.yaml").write_text(block)
+    exp = load_experiment(tmp_path / "polarity.yaml")
+    assert exp.reference == "random" and exp.arms["random"]["finetune"].init == "random"
+    assert exp.arms["pretrained"]["finetune"].task == "polarity"
+    r = CliRunner().invoke(app, ["experiment", "polarity.yaml", "--dry-run"])
+    assert r.exit_code == 0 and "random" in r.output, r.output
