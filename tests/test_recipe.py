@@ -235,7 +235,7 @@ def test_unknown_key_via_override_is_reported():
         ("data: {lowercase: maybe}\n", "data.lowercase", "expected bool"),
         ("data: {max_documents: many}\n", "data.max_documents", "expected int or null"),
         ("task: {text_fields: sentence}\n", "task.text_fields", "expected a list of str"),
-        ("task: {text_fields: [a, 3]}\n", "task.text_fields", "expected a list of str"),
+        ("task: {text_fields: [a, 3.5]}\n", "task.text_fields", "expected a list of str or int"),  # names or positions
         ("name: [a, b]\n", "name", "expected str"),
     ],
 )
