@@ -104,7 +104,8 @@ def source_weights(model, source: Run, position_init: str = "tile") -> None:
 
     src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
     report = transplant(model, src_params, position_init, extend_hook(source.recipe.model.arch))
-    console.print(f"initialised from {source.dir}: {report}")
+    counts = ", ".join(f"{n:,} {what}" for what, n in report.items() if n)  # tensors copied / extended / fresh
+    console.print(f"initialised from {source.dir}: tensors {counts}")
 
 
 def total_steps(train, steps_per_epoch: int) -> int:
