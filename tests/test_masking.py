@@ -1,4 +1,4 @@
-"""Document packing, static MLM masking (ssmlm.data.masking) and offline preprocessing
+"""Document packing (ssmlm.data.packing), static MLM masking (ssmlm.objectives.mlm) and offline preprocessing
 (ssmlm.data.preprocess; streaming, resume and shards: test_preprocess_stream.py).
 Packing modes and fill rates: test_packing.py.
 
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from ssmlm.data.masking import pack_document
+from ssmlm.data.packing import pack_document
 from ssmlm.data.tokenizer import special_ids, train_wordpiece
 from ssmlm.objectives.mlm import mask_batch
 

@@ -1,4 +1,4 @@
-"""Packing documents into MLM rows (ssmlm.data.masking.pack, data.packing) and the fill rate that
+"""Packing documents into MLM rows (ssmlm.data.packing.pack, recipe field data.packing) and the fill rate that
 preprocess records.
 
 "Wikipedia-like" text: documents of 3-12 paragraphs, each paragraph one line of 40-250 tokens (ids drawn
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import english_lines
 
-from ssmlm.data.masking import pack, pack_document, rows_to_array
+from ssmlm.data.packing import pack, pack_document, rows_to_array
 
 L = 128
 MAX = L - 2

@@ -10,7 +10,7 @@ from conftest import english_lines
 
 import ssmlm.data.preprocess as prep
 from ssmlm.data.loader import Batches, eval_batches
-from ssmlm.data.masking import pack, rows_to_array
+from ssmlm.data.packing import pack, rows_to_array
 from ssmlm.data.shards import TokenDocuments, TokenRows
 from ssmlm.data.sources import load_corpus
 from ssmlm.data.tokenizer import load_tokenizer, special_ids

@@ -33,7 +33,7 @@ class DataConfig:
     lowercase: bool = True
     max_seq_length: int | None = None  # None: the model's max_seq_length
     short_seq_prob: float = 0.1  # chance of a shorter target length, as in BERT data generation
-    # how a document's lines become rows (ssmlm.data.masking): fill = cut into rows of exactly the target
+    # how a document's lines become rows (ssmlm.data.packing): fill = cut into rows of exactly the target
     # length, a line's overflow starting the next row (nothing lost); bert = create_pretraining_data: whole
     # lines up to the target, overflow trimmed (discards text); full = fill across documents, [SEP] between
     packing: Literal["fill", "bert", "full"] = "fill"

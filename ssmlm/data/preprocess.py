@@ -40,7 +40,7 @@ from rich.text import Text
 
 from ssmlm.data.books import SPLIT_ABOVE
 from ssmlm.data.config import DataConfig
-from ssmlm.data.masking import pack, rows_to_array
+from ssmlm.data.packing import pack, rows_to_array
 from ssmlm.data.shards import row_dtype, save_atomic, shard_name, write_json_atomic
 from ssmlm.data.sources import Document, corpus_fingerprint, corpus_name, open_corpus
 from ssmlm.data.tokenizer import (
