@@ -637,8 +637,8 @@ def evaluate(
     if predictions:
         checks.output_file(predictions, "--predictions")
     with _starting("evaluate") as start:
+        from ssmlm.evaluate.run import evaluate_run
         from ssmlm.runs import open_run
-        from ssmlm.train.evaluate import evaluate_run
 
         start.label = f"evaluate: opening {ckpt}"
         run = open_run(ckpt)

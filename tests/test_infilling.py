@@ -22,13 +22,13 @@ from ssmlm.data.infilling import (
 from ssmlm.data.reserved import PARADIGMS, START
 from ssmlm.data.tokenizer import train_byte_bpe
 from ssmlm.errors import DataError
+from ssmlm.evaluate.infilling import choose, evaluate_infilling
 from ssmlm.models import build_lm
 from ssmlm.models.config import ModelConfig
 from ssmlm.recipe import Recipe
 from ssmlm.runs import Run
 from ssmlm.runs.generate import Generator
 from ssmlm.runs.scoring import continuation_logprobs
-from ssmlm.train.infilling import choose, evaluate_infilling
 
 
 @pytest.fixture(scope="module")

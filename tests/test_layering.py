@@ -23,10 +23,16 @@ LAYER = {
     # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
     "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
     "models": 2,
-    "recipe": 3, "checks": 3, "data": 3, "evaluate": 3,  # evaluate/: metrics and tables (no training code)
+    "recipe": 3, "checks": 3, "data": 3,
+    "evaluate": 3,  # evaluate/: metrics, tables and the one eval step and loop (runner), for objectives and train
     "objectives": 4,
     "runs": 5,
+    # the decoding evaluations of a language model: they drive a run's generator and score with evaluate's metrics
+    "evaluate.phonebook": 5, "evaluate.squad_gen": 5, "evaluate.infilling": 5,
     "train": 6,
+    # evaluation of a run's checkpoint (`ssmlm evaluate`): on the held-out batches its training evaluated on, built
+    # by train's parts, and through the lm-eval adapter (train.harness); training itself calls only the runner
+    "evaluate.run": 7, "evaluate.lm": 7,
     "analyze": 7,
     "experiment": 7,  # arms × seeds of ordinary runs (train's drivers), their intervals and plots (analyze's)
     "cli": 8, "__main__": 8,
@@ -150,6 +156,8 @@ def test_the_rules_catch_a_violation(tmp_path):
     # a module-level entry overrides its package's layer: the schema modules sit below recipe and checks
     assert layer("ssmlm.train.config") < layer("ssmlm.recipe") == layer("ssmlm.checks") < layer("ssmlm.train.optim")
     assert layer("ssmlm.models.config") < layer("ssmlm.models.bigs") and layer("ssmlm.schema") == 0
+    # the training loop evaluates through evaluate's runner; evaluating a run's checkpoint sits above training
+    assert layer("ssmlm.evaluate.runner") < layer("ssmlm.train.loop") < layer("ssmlm.evaluate.run")
     # the models rule sees type-hint-only imports (the layer rule skips them), `from ssmlm import recipe` included
     mods = {
         "ssmlm.models.y": tmp_path / "y.py", "ssmlm.recipe": tmp_path / "recipe.py",

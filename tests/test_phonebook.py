@@ -346,8 +346,8 @@ def lm_run(tmp_path_factory):
 
 
 def test_evaluator_on_a_tiny_model(lm_run):
+    from ssmlm.evaluate.phonebook import evaluate_phonebook, phonebook_items
     from ssmlm.runs.generate import load_generator
-    from ssmlm.train.phonebook import evaluate_phonebook, phonebook_items
 
     gen = load_generator(lm_run)
     assert gen.mode == "prefix"
@@ -371,8 +371,8 @@ def test_evaluator_on_a_tiny_model(lm_run):
 def test_prompt_objective_through_a_real_model_under_jit(lm_run):
     from flax import nnx
 
+    from ssmlm.evaluate.phonebook import phonebook_items
     from ssmlm.runs.generate import load_generator
-    from ssmlm.train.phonebook import phonebook_items
 
     gen = load_generator(lm_run)
     items = phonebook_items(gen.tokenizer, 256, n=3, seed=1, entries=(2, 4), queries=(1, 2))

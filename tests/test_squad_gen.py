@@ -187,9 +187,9 @@ def lm_run(tmp_path_factory):
 
 def test_evaluate_squad_on_a_tiny_model(lm_run, tmp_path):
     from ssmlm.evaluate.qa_metrics import score
+    from ssmlm.evaluate.squad_gen import evaluate_squad
     from ssmlm.models.decode import Sampling
     from ssmlm.runs.generate import load_generator
-    from ssmlm.train.squad_gen import evaluate_squad
 
     gen = load_generator(lm_run)
     items = load_answerable(str(dev_json(tmp_path / "squad")), limit=3, seed=0)

@@ -7,7 +7,7 @@
                 interval from fewer than 3 values or with zero spread is marked not estimable
     report.py   results.md / .csv / .json and results.png (error bars)
 
-Every stage is run by the same functions the CLI calls (ssmlm.train.drive, ssmlm.train.evaluate and lm_evaluate,
+Every stage is run by the same functions the CLI calls (ssmlm.train.drive, ssmlm.evaluate.run and ssmlm.evaluate.lm,
 the ssmlm.analyze commands), so a run directory of an experiment is one that `ssmlm pretrain|finetune|evaluate|
 analyze` would have written.
 """

@@ -214,7 +214,7 @@ def _evaluate(job: Job) -> tuple[dict, bool]:
     path = run.dir / "eval" / f"{job.task or run.info.get('task') or run.kind}-{job.split}.json"
     if path.is_file():
         return json.loads(path.read_text()), True
-    from ssmlm.train.evaluate import evaluate_run  # what `ssmlm evaluate` runs
+    from ssmlm.evaluate.run import evaluate_run  # what `ssmlm evaluate` runs
 
     result = evaluate_run(run, job.task, split=job.split, batch_size=job.batch_size, limit=job.limit)
     path.parent.mkdir(parents=True, exist_ok=True)

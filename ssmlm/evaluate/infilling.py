@@ -1,4 +1,4 @@
-"""Story infilling accuracy (paper §4.5, App. C; birdie_official.md §5.4).
+"""Story infilling accuracy (Birdie paper §4.5, App. C).
 
 Each choice is scored as a continuation of the item's prompt: the context is the prompt (ssmlm.data.infilling
 .prompt, ending with the question) and a newline, the continuation is the choice spelled as the paper's

@@ -44,7 +44,7 @@ def evaluate_lm_task(
         out = _phonebook(run, gen, limit)
     elif task == "squad_v2":
         from ssmlm.data.qa import load_answerable
-        from ssmlm.train.squad_gen import evaluate_squad
+        from ssmlm.evaluate.squad_gen import evaluate_squad
 
         with activity(f"reading SQuAD v2 ({split})"):
             items = load_answerable(data_dir, split=split, limit=limit, seed=EVAL_SEED)
@@ -57,7 +57,7 @@ def evaluate_lm_task(
 def _phonebook(run: Run, gen, limit: int | None) -> dict:
     """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed."""
     from ssmlm.data.phonebook import phonebook_books
-    from ssmlm.train.phonebook import evaluate_phonebook
+    from ssmlm.evaluate.phonebook import evaluate_phonebook
 
     task = run.recipe.task
     settings = task.phonebook
@@ -70,7 +70,7 @@ def _phonebook(run: Run, gen, limit: int | None) -> dict:
 
 def _infilling(gen, data_dir: str | None, validation_file: str | None, limit: int | None, batch_size: int) -> dict:
     from ssmlm.data.infilling import read_jsonl
-    from ssmlm.train.infilling import evaluate_infilling
+    from ssmlm.evaluate.infilling import evaluate_infilling
 
     path = Path(validation_file) if validation_file else (Path(data_dir) / "infilling.jsonl" if data_dir else None)
     if path is None:

@@ -2,8 +2,8 @@
 "{context}\\n\\n{question}" and score the response by Answer Contains Label and token F1, overall and by context
 length.
 
-Decoding follows the paper: greedy, at most 64 new tokens (§4.4; notes §5.3 say 128, the paper's text says 64),
-no few-shot examples. A response ends at the END token (a finetuned response's close) or at a blank line.
+Decoding follows the paper's text: greedy, at most 64 new tokens (§4.4), no few-shot examples. A response ends
+at the END token (a finetuned response's close) or at a blank line.
 """
 
 from __future__ import annotations

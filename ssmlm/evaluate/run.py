@@ -24,8 +24,8 @@ def check_task(run: Run, task) -> None:
     works: a language-model task names the recipes that make a language model; a task it has not been
     finetuned on, the command that finetunes it."""
     from ssmlm.data.tasks import TASKS
+    from ssmlm.evaluate.lm import LM_EVAL_TASKS
     from ssmlm.models import is_lm
-    from ssmlm.train.lm_evaluate import LM_EVAL_TASKS
 
     name = task.name if task is not None else None
     if not name or is_lm(run.recipe.model.arch):
@@ -62,7 +62,7 @@ def evaluate_run(
     """What `ssmlm evaluate` (and an experiment's evaluate stage) runs: a language model asked for a task decodes
     it (phone books, SQuAD, infilling, lm-eval:TASKS); anything else is scored on its own objective or task."""
     if run.recipe.objective.kind == "lm" and task:
-        from ssmlm.train.lm_evaluate import evaluate_lm_task
+        from ssmlm.evaluate.lm import evaluate_lm_task
 
         return evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split)
     task_cfg = None
