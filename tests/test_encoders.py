@@ -8,15 +8,14 @@ import pytest
 from flax import nnx
 
 from ssmlm.models import (
-    ENCODERS,
     build_classifier,
     build_mlm,
     build_multiple_choice,
     build_span,
     count_params,
-    encoder_class,
+    model_class,
 )
-from ssmlm.models.config import fields_of
+from ssmlm.models.config import FAMILIES, fields_of
 from ssmlm.models.flops import abstract, flops_per_token
 from ssmlm.recipe import ModelConfig, load_recipe
 
@@ -32,7 +31,7 @@ def tiny(arch, **kw):
 
 
 def encoder(arch, seed=0, **kw):
-    return encoder_class(arch)(tiny(arch, **kw), rngs=nnx.Rngs(params=seed))
+    return model_class(arch)(tiny(arch, **kw), rngs=nnx.Rngs(params=seed))
 
 
 def make_nontrivial(model, seed=1):
@@ -48,8 +47,8 @@ def make_nontrivial(model, seed=1):
 def test_registry_covers_every_arch():
     from ssmlm.models import is_lm
 
-    assert {a for a in ENCODERS if not is_lm(a)} == set(ARCHS)
-    assert {a for a in ENCODERS if is_lm(a)} == {"gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"}
+    assert {a for a in FAMILIES if not is_lm(a)} == set(ARCHS)
+    assert {a for a in FAMILIES if is_lm(a)} == {"gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"}
 
 
 @pytest.mark.parametrize("arch", ARCHS)

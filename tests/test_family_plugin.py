@@ -48,7 +48,7 @@ class ToyEncoder(Encoder):
         super().__init__(cfg, Block, rngs=rngs)
 
 
-ENCODERS = {"toymix": ToyEncoder}
+MODELS = {"toymix": ToyEncoder}
 
 
 def mixing_flops(cfg, seq_len):

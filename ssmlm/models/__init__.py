@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ssmlm.models.config import FAMILIES, ModelConfig, family, is_lm
+from ssmlm.models.config import ModelConfig, family, is_lm
 from ssmlm.models.rules import ParamRule
 
 if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.models stays instant
@@ -19,12 +19,9 @@ if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.mo
 
     from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
 
-# every arch, by family module (ssmlm.models.config.FAMILIES)
-ENCODERS = FAMILIES
-
-
-def encoder_class(arch: str):
-    return family(arch).ENCODERS[arch]
+def model_class(arch: str):
+    """The model class of an arch (an encoder, or a language model for an LM arch): its family's ``MODELS``."""
+    return family(arch).MODELS[arch]
 
 
 def extend_hook(arch: str):
@@ -54,7 +51,7 @@ def build_mlm(cfg: ModelConfig, seed: int = 0) -> MaskedLM:
     from ssmlm.models.heads import MaskedLM
 
     rngs = nnx.Rngs(params=seed)
-    return MaskedLM(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
+    return MaskedLM(model_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def build_classifier(cfg: ModelConfig, num_labels: int, seed: int = 0) -> SequenceClassifier:
@@ -63,7 +60,7 @@ def build_classifier(cfg: ModelConfig, num_labels: int, seed: int = 0) -> Sequen
     from ssmlm.models.heads import SequenceClassifier
 
     rngs = nnx.Rngs(params=seed)
-    return SequenceClassifier(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, num_labels, rngs=rngs)
+    return SequenceClassifier(model_class(cfg.arch)(cfg, rngs=rngs), cfg, num_labels, rngs=rngs)
 
 
 def build_span(cfg: ModelConfig, seed: int = 0) -> SpanExtractor:
@@ -72,7 +69,7 @@ def build_span(cfg: ModelConfig, seed: int = 0) -> SpanExtractor:
     from ssmlm.models.heads import SpanExtractor
 
     rngs = nnx.Rngs(params=seed)
-    return SpanExtractor(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
+    return SpanExtractor(model_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
@@ -81,14 +78,14 @@ def build_multiple_choice(cfg: ModelConfig, seed: int = 0) -> MultipleChoice:
     from ssmlm.models.heads import MultipleChoice
 
     rngs = nnx.Rngs(params=seed)
-    return MultipleChoice(encoder_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
+    return MultipleChoice(model_class(cfg.arch)(cfg, rngs=rngs), cfg, rngs=rngs)
 
 
 def build_lm(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
     """A language model of an LM arch (its family's model class, e.g. ssmlm.models.lm.LanguageModel)."""
     from flax import nnx
 
-    return encoder_class(cfg.arch)(cfg, rngs=nnx.Rngs(params=seed))
+    return model_class(cfg.arch)(cfg, rngs=nnx.Rngs(params=seed))
 
 
 def count_params(model: nnx.Module) -> int:

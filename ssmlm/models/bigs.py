@@ -203,7 +203,7 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
 
 
 Config = BiGSConfig  # this family's `model:` fields (ssmlm.models.config)
-ENCODERS = {"bigs": BiGSEncoder, "gated_att": GatedAttentionEncoder}
+MODELS = {"bigs": BiGSEncoder, "gated_att": GatedAttentionEncoder}
 
 
 def mixing_flops(cfg: BiGSConfig, seq_len: int) -> float:

@@ -8,11 +8,12 @@ length-dependent parameters, its ``extend_params``. ``model.arch`` picks the fam
 family that has it.
 
 A family is one module plus one registry line in FAMILIES. The module has ``Config`` (its config class, a
-ModelConfig subclass), ``ENCODERS`` (arch -> model class), ``mixing_flops`` and ``param_rules``; the config
-class declares what the rest of ssmlm needs to know about the family (class variables, below: whether it is a
-language model, its finetuning pooler, its paper's "arch / route" label, which of its archs have attention
-heads). The shipped families' config classes are also listed here in CONFIGS, so that reading and checking a
-recipe never imports jax; a family not listed there is imported when its arch is first named.
+ModelConfig subclass), ``MODELS`` (arch -> model class: an encoder, or a language model), ``mixing_flops``
+and ``param_rules``; the config class declares what the rest of ssmlm needs to know about the family (class
+variables, below: whether it is a language model, its finetuning pooler, its paper's "arch / route" label,
+which of its archs have attention heads). The shipped families' config classes are also listed here in
+CONFIGS, so that reading and checking a recipe never imports jax; a family not listed there is imported when
+its arch is first named.
 
 RANGES, at the end, holds the allowed values of the section's fields (ssmlm.checks applies it to a recipe).
 """

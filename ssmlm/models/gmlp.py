@@ -284,7 +284,7 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
 
 
 Config = GMLPConfig  # this family's `model:` fields (ssmlm.models.config)
-ENCODERS = {"gmlp": GMLPEncoder, "amlp": GMLPEncoder}
+MODELS = {"gmlp": GMLPEncoder, "amlp": GMLPEncoder}
 
 
 def mixing_flops(cfg: GMLPConfig, seq_len: int) -> float:

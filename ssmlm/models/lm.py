@@ -227,7 +227,7 @@ class LanguageModel(nnx.Module):
 # ---- what ssmlm.models.config expects of a family module ----
 
 Config = LMConfig
-ENCODERS = {arch: LanguageModel for arch in BLOCKS}
+MODELS = {arch: LanguageModel for arch in BLOCKS}
 
 
 def mixing_flops(cfg: LMConfig, seq_len: int) -> float:

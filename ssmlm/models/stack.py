@@ -102,7 +102,7 @@ class StackSSMEncoder(Encoder):
 
 
 Config = StackConfig  # this family's `model:` fields (ssmlm.models.config)
-ENCODERS = {"bert": BertEncoder, "stack_ssm": StackSSMEncoder}
+MODELS = {"bert": BertEncoder, "stack_ssm": StackSSMEncoder}
 
 
 def mixing_flops(cfg: StackConfig, seq_len: int) -> float:
