@@ -13,7 +13,7 @@ import pytest
 from conftest import english_lines
 from typer.testing import CliRunner
 
-from ssmlm.analyze import adversarial, length_bins, transfer
+from ssmlm.analyze import adversarial, length_bins, score_vs_loss
 from ssmlm.cli import app
 from ssmlm.runs import open_run
 
@@ -163,7 +163,7 @@ def test_transfer_points_are_the_runs_numbers(runs):
         shutil.copytree(out / name, moved / name, ignore=shutil.ignore_patterns("checkpoints"))
     info = json.loads((moved / "bigs-pairs" / "run.json").read_text())
     (moved / "bigs-pairs" / "run.json").write_text(json.dumps({**info, "source": "/gone/bigs"}))
-    row = transfer.point(moved / "bigs-pairs")
+    row = score_vs_loss.point(moved / "bigs-pairs")
     assert (row["score"], row["loss"], row["loss_from"]) == (
         float(bigs["score"]),
         float(bigs["loss"]),
@@ -245,7 +245,7 @@ def test_adversarial_accuracy_per_distance(runs):
 
 def test_report_entries_and_applicability(runs, tmp_path):
     _, out = runs
-    for module in (transfer, length_bins, adversarial):
+    for module in (score_vs_loss, length_bins, adversarial):
         assert module.for_report(open_run(out / "bigs"), tmp_path) is None, module.NAME  # a pretraining run
         entry = module.for_report(open_run(out / "bigs-pairs"), tmp_path / module.NAME)
         assert entry["figure"] == module.FIGURE and module.FIGURE in module.command.__doc__

@@ -393,7 +393,7 @@ def test_cli_import_then_analyze_and_finetune_from_mnli(tmp_path):
     assert r.exit_code == 0, r.output
     from ssmlm.models import build_classifier
     from ssmlm.runs import open_run
-    from ssmlm.train.transfer import transplant
+    from ssmlm.train.transplant import transplant
 
     src = open_run(tmp_path / "runs/mnli")
     mnli, _ = src.load_model()

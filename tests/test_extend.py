@@ -15,7 +15,7 @@ from ssmlm.models import build_mlm, extend_hook
 from ssmlm.models.config import fields_of
 from ssmlm.recipe import ModelConfig
 from ssmlm.runs import open_run
-from ssmlm.train.transfer import transplant
+from ssmlm.train.transplant import transplant
 
 runner = CliRunner()
 

@@ -17,7 +17,7 @@ from ssmlm.models.config import fields_of
 from ssmlm.models.gmlp import extend_params
 from ssmlm.recipe import ModelConfig
 from ssmlm.runs.checkpoint import Checkpoints, load_params
-from ssmlm.train.transfer import transplant
+from ssmlm.train.transplant import transplant
 
 ARCHS = ["bigs", "stack_ssm", "gated_att", "bert", "gmlp", "amlp"]
 NL, B, N, D, V = 3, 2, 12, 16, 40

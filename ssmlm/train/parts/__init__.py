@@ -26,7 +26,7 @@ from ssmlm.runs import Run
 from ssmlm.runs.checkpoint import load_params
 from ssmlm.train import loop
 from ssmlm.train.mesh import barrier
-from ssmlm.train.transfer import transplant
+from ssmlm.train.transplant import transplant
 
 
 @dataclasses.dataclass
@@ -94,7 +94,7 @@ def recipe_source(recipe: Recipe, quiet: bool) -> Run:
 
 
 def source_weights(model, source: Run, position_init: str = "tile") -> None:
-    """Copy a source run's weights into ``model`` (what matches by name and shape; see train.transfer); a source
+    """Copy a source run's weights into ``model`` (what matches by name and shape; see train.transplant); a source
     from ``architecture_only`` leaves the model as it is."""
     from ssmlm.models import extend_hook
 
