@@ -138,8 +138,16 @@ def test_cudnn_equals_dense_on_gpu(bidirectional):
 
 
 def lm_cfg(attention):
-    return ModelConfig(arch="transformer_lm", hidden_size=16, num_heads=HEADS, num_layers=2, vocab_size=40,
-                       dropout=0.0, initializer_range=0.2, attention=attention)  # fmt: skip
+    return ModelConfig(
+        arch="transformer_lm",
+        hidden_size=16,
+        num_heads=HEADS,
+        num_layers=2,
+        vocab_size=40,
+        dropout=0.0,
+        initializer_range=0.2,
+        attention=attention,
+    )
 
 
 def test_lm_blockwise_equals_dense():
@@ -176,8 +184,9 @@ def test_step_over_a_large_cache_matches_forward():
     each decoded position gets the full forward pass's output for its own row."""
     d, prompts, steps, max_len = 16, [5, 9, 12], 4, 512
     # dense prefill and forward: the reference here is the plain masked softmax (the blockwise one is tested above)
-    cfg = LMConfig(arch="transformer_lm", hidden_size=d, num_heads=HEADS, num_layers=1, initializer_range=0.2,
-                   attention="dense")  # fmt: skip
+    cfg = LMConfig(
+        arch="transformer_lm", hidden_size=d, num_heads=HEADS, num_layers=1, initializer_range=0.2, attention="dense"
+    )
     blk = TransformerBlock(cfg, True, rngs=nnx.Rngs(7))
     x = normal(8, len(prompts), max(prompts) + steps, d)
     p = max(prompts)

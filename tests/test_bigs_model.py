@@ -24,8 +24,16 @@ V, H, D3, LMAX, NSSM = 50, 16, 48, 16, 8
 
 def cfg_small(**kw):
     # The official layout (no final LayerNorm, padding not masked): what the numpy references below read.
-    base = dict(vocab_size=V, hidden_size=H, num_layers=1, intermediate_size=D3, max_seq_length=LMAX, num_ssm=NSSM,
-                final_norm=False, mask_padding=False)  # fmt: skip
+    base = dict(
+        vocab_size=V,
+        hidden_size=H,
+        num_layers=1,
+        intermediate_size=D3,
+        max_seq_length=LMAX,
+        num_ssm=NSSM,
+        final_norm=False,
+        mask_padding=False,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -206,8 +214,9 @@ def test_bigs_large_parameter_count_without_allocating():
 def test_bigs_12_layer_parameter_count_without_allocating():
     """12L, H768, I3072, L128 (§6.1): 137,555,562. Built abstractly at 2 layers (tracing 12 is slow), the
     per-layer difference and the 2-layer total must fit the table's per-layer and embedding figures."""
-    cfg = ModelConfig(vocab_size=30522, num_layers=12, hidden_size=768, intermediate_size=3072, final_norm=False,
-                      scan_layers=False)  # fmt: skip  # leaf counts of the official layout
+    cfg = ModelConfig(
+        vocab_size=30522, num_layers=12, hidden_size=768, intermediate_size=3072, final_norm=False, scan_layers=False
+    )  # leaf counts of the official layout
     assert param_count_formula(cfg) == {
         "per_layer": 9_449_220,
         "encoder": 113_390_640,

@@ -34,8 +34,9 @@ def test_rms_split_hand_values():
     m = RMSSplit(4)
     # halves [3, 4] (rms 5/√2) and [1, 1] (rms 1), then × 0.1
     out = np.asarray(m(jnp.array([3.0, 4.0, 1.0, 1.0])))
-    np.testing.assert_allclose(out, 0.1 * np.array([3 / (5 / math.sqrt(2)), 4 / (5 / math.sqrt(2)), 1.0, 1.0]),
-                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        out, 0.1 * np.array([3 / (5 / math.sqrt(2)), 4 / (5 / math.sqrt(2)), 1.0, 1.0]), rtol=1e-6
+    )
     with pytest.raises(ValueError, match="odd"):
         RMSSplit(5)
     # a zero row (the padded history) has a finite gradient: ‖x‖ has an infinite derivative at 0
@@ -139,17 +140,25 @@ def test_exploration_action_masses(style):
         assert a.sum() == pytest.approx(1.0) and (a > 0).all()
         base = a / losses if style == "v1" else a  # v1 multiplied the whole vector by ℓ
         # undrawn classes: equal base (v2) / base ∝ ℓ (v1) inside the class; drawn ones: random weights
-        undrawn = [c for c, idx in index.items()
-                   if np.allclose(base[idx] / (losses[idx] if style == "v1" else 1.0), base[idx[0]] /
-                                  (losses[idx[0]] if style == "v1" else 1.0))]  # fmt: skip
+        undrawn = [
+            c
+            for c, idx in index.items()
+            if np.allclose(
+                base[idx] / (losses[idx] if style == "v1" else 1.0),
+                base[idx[0]] / (losses[idx[0]] if style == "v1" else 1.0),
+            )
+        ]
         drawn = [c for c in index if c not in undrawn]
         assert 1 <= len(drawn) <= 2
         ok = []
         for k in (1, 2):
             unit = sum(base[index[c]].sum() for c in drawn) / k  # normalisation constant: 1 per draw
             c0 = 0.01 if style == "v1" else 0.005
-            want = [unit * n / (n - k) * c0 * k / len(index[c]) * (losses[i] if style == "v1" else 1.0)
-                    for c in undrawn for i in index[c]]  # fmt: skip
+            want = [
+                unit * n / (n - k) * c0 * k / len(index[c]) * (losses[i] if style == "v1" else 1.0)
+                for c in undrawn
+                for i in index[c]
+            ]
             got = [base[i] for c in undrawn for i in index[c]]
             ok.append(np.allclose(got, want, rtol=1e-9))
         assert any(ok)
@@ -194,8 +203,9 @@ def test_class_weights_and_choose_action():
 
 # ---------------------------------------------------------------------------------------------------- controller
 
-TINY = ControllerSettings(width=16, state_size=16, layers=1, grok_iterations=4, proposals=32, max_history=4,
-                          eval_scale=0.01)  # fmt: skip
+TINY = ControllerSettings(
+    width=16, state_size=16, layers=1, grok_iterations=4, proposals=32, max_history=4, eval_scale=0.01
+)
 CONFIGS = [Config(c, c) for c in ["next_token", "prefix_lm"]] + [
     Config("copying", "copying", {"max_len": m}) for m in (256, 1024)
 ]
@@ -274,8 +284,16 @@ def test_history_keeps_the_last_rows():
 
 
 def test_controller_is_deterministic_and_resumes_bit_for_bit():
-    cfg = ControllerSettings(width=16, state_size=16, layers=1, grok_iterations=5, proposals=32, max_history=8,
-                             eval_scale=0.01, explore_steps=20)  # fmt: skip
+    cfg = ControllerSettings(
+        width=16,
+        state_size=16,
+        layers=1,
+        grok_iterations=5,
+        proposals=32,
+        max_history=8,
+        eval_scale=0.01,
+        explore_steps=20,
+    )
     steps = [1, 3, 5, 10, 15, 20]  # from 15 on, exploration is rare: choose_action runs too
     seq = loss_sequence(len(steps), seed=1)
     a = run(BirdieController(CONFIGS, 100, 7, cfg), BirdieController(CONFIGS, 100, 7, cfg).init_state(), steps, seq)
@@ -314,8 +332,12 @@ def test_config_validation():
         BirdieController(CONFIGS, 100, 0, ControllerSettings(start="random"))
     with pytest.raises(UserError, match="top_n"):
         BirdieController(CONFIGS, 100, 0, ControllerSettings(proposals=4, top_n=8))
-    ctl = BirdieController(CONFIGS, 100, 0, ControllerSettings(start="class_balanced", **{
-        k: getattr(TINY, k) for k in ("width", "state_size", "layers")}))  # fmt: skip
+    ctl = BirdieController(
+        CONFIGS,
+        100,
+        0,
+        ControllerSettings(start="class_balanced", **{k: getattr(TINY, k) for k in ("width", "state_size", "layers")}),
+    )
     np.testing.assert_allclose(ctl.action(ctl.init_state()), [1 / 3, 1 / 3, 1 / 6, 1 / 6])
 
 
@@ -332,8 +354,16 @@ def environment(sign: float, evals: int = 11) -> list[float]:
     reward (∝ ΔL³ below saturation) about proportional to s: at loss 3, R_A ≈ s. Returns A's share per evaluation.
     The critic is small (width 32, state 64, 2 layers, 50 grok iterations) and its lr is 4× the paper's, so that
     ~10 evaluations suffice (at 5e-4 one seed in three still sat near the start share after 12)."""
-    cfg = ControllerSettings(width=32, state_size=64, layers=2, grok_iterations=50, proposals=256, explore=False,
-                             eval_scale=0.01, learning_rate=2e-3)  # fmt: skip
+    cfg = ControllerSettings(
+        width=32,
+        state_size=64,
+        layers=2,
+        grok_iterations=50,
+        proposals=256,
+        explore=False,
+        eval_scale=0.01,
+        learning_rate=2e-3,
+    )
     ctl = BirdieController(ENV_CONFIGS, total_steps=300, seed=0, cfg=cfg)
     state = ctl.init_state()
     loss = np.full(6, 3.0)

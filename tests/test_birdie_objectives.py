@@ -337,8 +337,15 @@ def test_grid_counts():
     grid = birdie_grid()
     assert len(grid) == 104
     counts = collections.Counter(c.cls for c in grid)
-    assert counts == {"infilling": 26, "autoencoding": 54, "copying": 2, "deshuffling": 4, "next_token": 1,
-                      "prefix_lm": 1, "selective_copying": 16}  # fmt: skip
+    assert counts == {
+        "infilling": 26,
+        "autoencoding": 54,
+        "copying": 2,
+        "deshuffling": 4,
+        "next_token": 1,
+        "prefix_lm": 1,
+        "selective_copying": 16,
+    }
     assert not any(c.params == {"rate": 0.05, "mean": 32.0, "min_len": 320, "max_len": 256} for c in grid)
     assert sum(c.params.get("shuffle", False) for c in grid) == 27
     assert sorted(c.params["p"] for c in grid if c.cls == "deshuffling") == [0.5, 0.5, 1.0, 1.0]
@@ -435,8 +442,11 @@ def test_make_row_spacing_and_leftover():
 
 def test_mixture_fractions():
     docs = _docs(40, 1)
-    configs = [Config("next_token", "next_token", {"max_len": 64}), Config("copying", "copying", {"max_len": 64}),
-               Config("infilling", "infilling", {"rate": 0.15, "mean": 3.0, "max_len": 64})]  # fmt: skip
+    configs = [
+        Config("next_token", "next_token", {"max_len": 64}),
+        Config("copying", "copying", {"max_len": 64}),
+        Config("infilling", "infilling", {"rate": 0.15, "mean": 3.0, "max_len": 64}),
+    ]
     probs = np.array([0.6, 0.3, 0.1])
     rows = make_batch_rows(docs, configs, probs, 512, range(60), IDS)
     counts = np.bincount(np.concatenate(rows["sample_configs"]), minlength=3)
@@ -485,8 +495,9 @@ def test_rows_are_consistent(paradigm, spacing):
     configs, probs = mixture("birdie")
     rows = make_batch_rows(docs, configs, probs, 768, range(30), IDS, paradigm, spacing)
     for k in range(30):
-        tok, tgt, w, seg, typ = (rows[f][k] for f in ("tokens", "targets", "loss_weights", "segment_ids",
-                                                        "token_types"))  # fmt: skip
+        tok, tgt, w, seg, typ = (
+            rows[f][k] for f in ("tokens", "targets", "loss_weights", "segment_ids", "token_types")
+        )
         for s in range(1, seg.max() + 1):
             idx = np.flatnonzero(seg == s)
             assert (np.diff(idx) == 1).all()

@@ -98,12 +98,18 @@ def test_builtin_tasks(name):
 
 
 def test_task_from_local_files_with_string_labels(tmp_path):
-    rows = [{"p": f"{a}", "h": f"{b}", "y": "yes" if i % 2 else "no"}
-            for i, (a, b) in enumerate(zip(english_lines(20), english_lines(20, 1), strict=True))]  # fmt: skip
+    rows = [
+        {"p": f"{a}", "h": f"{b}", "y": "yes" if i % 2 else "no"}
+        for i, (a, b) in enumerate(zip(english_lines(20), english_lines(20, 1), strict=True))
+    ]
     for split in ("train", "dev"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = TaskConfig(train_file=str(tmp_path / "train.jsonl"), validation_file=str(tmp_path / "dev.jsonl"),
-                     text_fields=["p", "h"], label_field="y")  # fmt: skip
+    cfg = TaskConfig(
+        train_file=str(tmp_path / "train.jsonl"),
+        validation_file=str(tmp_path / "dev.jsonl"),
+        text_fields=["p", "h"],
+        label_field="y",
+    )
     data = load_task(cfg)
     assert data.label_names == ["no", "yes"] and data.splits["train"]["y"][:2] == [0, 1]
     tok = train_wordpiece(english_lines(300), vocab_size=200)

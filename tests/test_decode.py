@@ -30,8 +30,16 @@ def test_sampling_rules():
 
 @pytest.mark.parametrize("arch", ["gated_ssm", "hawk", "transformer_lm"])
 def test_generated_tokens_get_the_full_forward_logits(arch):
-    cfg = ModelConfig(arch=arch, hidden_size=16, num_layers=2, state_size=16, num_heads=2, vocab_size=40,
-                      dropout=0.0, initializer_range=0.2)  # fmt: skip
+    cfg = ModelConfig(
+        arch=arch,
+        hidden_size=16,
+        num_layers=2,
+        state_size=16,
+        num_heads=2,
+        vocab_size=40,
+        dropout=0.0,
+        initializer_range=0.2,
+    )
     model = build_lm(cfg, seed=1)
     prefix, causal = [5, 6, 7, 8], [1]
     seen: list = []
@@ -49,16 +57,30 @@ def test_generated_tokens_get_the_full_forward_logits(arch):
 
 @pytest.mark.parametrize(
     "arch,bidirectional",
-    [("gated_ssm", "alternate"), ("gated_ssm_plus", "all"), ("hawk", "alternate"), ("transformer_lm", "alternate"),
-     ("transformer_lm", "none")],
-)  # fmt: skip
+    [
+        ("gated_ssm", "alternate"),
+        ("gated_ssm_plus", "all"),
+        ("hawk", "alternate"),
+        ("transformer_lm", "alternate"),
+        ("transformer_lm", "none"),
+    ],
+)
 def test_padding_after_a_prompt_changes_nothing(arch, bidirectional):
     """Decoding pads a prompt to a bucket length (one compiled prefill for many lengths): whatever the padding
     holds, the prompt's logits, the cache after it and every step from it are those of the unpadded prompt."""
     import jax.numpy as jnp
 
-    cfg = ModelConfig(arch=arch, hidden_size=16, num_layers=2, state_size=16, num_heads=2, vocab_size=40,
-                      dropout=0.0, initializer_range=0.2, bidirectional=bidirectional)  # fmt: skip
+    cfg = ModelConfig(
+        arch=arch,
+        hidden_size=16,
+        num_layers=2,
+        state_size=16,
+        num_heads=2,
+        vocab_size=40,
+        dropout=0.0,
+        initializer_range=0.2,
+        bidirectional=bidirectional,
+    )
     model = build_lm(cfg, seed=3)
     rng = np.random.default_rng(0)
     tokens = [5, 6, 7, 8, 9, 1, 11, 12]  # a prefix of 5, then START and two causal tokens (the convolutions' tail)
@@ -66,8 +88,12 @@ def test_padding_after_a_prompt_changes_nothing(arch, bidirectional):
     n, padded = len(tokens), 16
     junk = rng.integers(2, 40, padded - n).tolist()  # not zeros: nothing of the padding may reach the prompt
     logits, cache = model.prefill(jnp.asarray([tokens]), jnp.asarray([types]), model.init_cache(1, 32))
-    logits_p, cache_p = model.prefill(jnp.asarray([tokens + junk]), jnp.asarray([types + [0] * len(junk)]),
-                                      model.init_cache(1, 32), jnp.asarray([[1] * n + [0] * len(junk)]))  # fmt: skip
+    logits_p, cache_p = model.prefill(
+        jnp.asarray([tokens + junk]),
+        jnp.asarray([types + [0] * len(junk)]),
+        model.init_cache(1, 32),
+        jnp.asarray([[1] * n + [0] * len(junk)]),
+    )
     assert_close_scaled(logits_p[0, :n], logits[0], rtol=16 * EPS32, name=f"{arch} prompt logits")
     assert int(cache_p["pos"][0]) == n
     for layer, layer_p in zip(cache["layers"], cache_p["layers"], strict=True):
@@ -89,8 +115,16 @@ def test_prompts_of_many_lengths_share_one_compiled_prefill(arch):
     per book (3-4 s a book on 2 CPU cores before)."""
     from ssmlm.models import decode
 
-    cfg = ModelConfig(arch=arch, hidden_size=16, num_layers=1, state_size=16, num_heads=2, vocab_size=40,
-                      dropout=0.0, initializer_range=0.2)  # fmt: skip
+    cfg = ModelConfig(
+        arch=arch,
+        hidden_size=16,
+        num_layers=1,
+        state_size=16,
+        num_heads=2,
+        vocab_size=40,
+        dropout=0.0,
+        initializer_range=0.2,
+    )
     model = build_lm(cfg, seed=4)
     before = decode._prefill._cache_size(), decode._step._cache_size()
     for n in range(17, 33):  # one bucket (32)

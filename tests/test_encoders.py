@@ -24,8 +24,18 @@ ATTENTION = {"bert", "gated_att"}
 
 
 def tiny(arch, **kw):
-    base = dict(arch=arch, vocab_size=40, hidden_size=16, num_layers=2, intermediate_size=32, max_seq_length=12,
-                num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.0)  # fmt: skip
+    base = dict(
+        arch=arch,
+        vocab_size=40,
+        hidden_size=16,
+        num_layers=2,
+        intermediate_size=32,
+        max_seq_length=12,
+        num_ssm=8,
+        num_heads=2,
+        tiny_attention_size=8,
+        dropout=0.0,
+    )
     own = fields_of(arch)  # each family has its own fields
     return ModelConfig(**{**{k: v for k, v in base.items() if k in own}, **kw})
 
@@ -212,8 +222,14 @@ def test_each_family_pools_as_its_paper():
     and its ablations average the non-padding tokens (official BiGS code); model.pooler overrides."""
     from ssmlm.models.heads import Pooler, pooler_kind
 
-    expect = {"bert": "cls", "gmlp": "cls", "amlp": "cls", "bigs": "non_padding_mean",
-              "stack_ssm": "non_padding_mean", "gated_att": "non_padding_mean"}  # fmt: skip
+    expect = {
+        "bert": "cls",
+        "gmlp": "cls",
+        "amlp": "cls",
+        "bigs": "non_padding_mean",
+        "stack_ssm": "non_padding_mean",
+        "gated_att": "non_padding_mean",
+    }
     for arch, kind in expect.items():
         assert pooler_kind(tiny(arch)) == kind
         assert build_classifier(tiny(arch), 2).pooler.kind == kind

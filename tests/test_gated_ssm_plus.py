@@ -18,8 +18,18 @@ D, N, W = 12, 8, 4
 
 
 def cfg(plus_conv, bidirectional="none", **kw):
-    kw = {"vocab_size": 40, "hidden_size": D, "state_size": N, "num_layers": 1, "conv_width": W, "dropout": 0.0,
-          "gelu": "tanh", "plus_conv": plus_conv, "bidirectional": bidirectional, **kw}  # fmt: skip
+    kw = {
+        "vocab_size": 40,
+        "hidden_size": D,
+        "state_size": N,
+        "num_layers": 1,
+        "conv_width": W,
+        "dropout": 0.0,
+        "gelu": "tanh",
+        "plus_conv": plus_conv,
+        "bidirectional": bidirectional,
+        **kw,
+    }
     return ModelConfig(arch="gated_ssm_plus", **kw)
 
 

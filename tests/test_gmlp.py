@@ -32,8 +32,15 @@ SGUS = ["split_multiplicative", "multiplicative", "additive", "linear"]
 
 
 def cfg_small(**kw) -> ModelConfig:
-    base = dict(arch="gmlp", vocab_size=V, hidden_size=D, num_layers=2, intermediate_size=F, max_seq_length=N,
-                tiny_attention_size=A)  # fmt: skip
+    base = dict(
+        arch="gmlp",
+        vocab_size=V,
+        hidden_size=D,
+        num_layers=2,
+        intermediate_size=F,
+        max_seq_length=N,
+        tiny_attention_size=A,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -230,8 +237,9 @@ def test_amlp_attention_respects_padding_mask():
     x = jax.random.normal(jax.random.key(0), (1, N, D))
     x2 = x.at[:, real:].set(jax.random.normal(jax.random.key(1), (1, N - real, D)))  # other padding content
     mask = jnp.array([[1] * real + [0] * (N - real)])
-    np.testing.assert_allclose(np.asarray(block(x, mask)[:, :real]), np.asarray(block(x2, mask)[:, :real]),
-                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(block(x, mask)[:, :real]), np.asarray(block(x2, mask)[:, :real]), rtol=1e-6, atol=1e-6
+    )
     assert not np.allclose(np.asarray(block(x)[:, :real]), np.asarray(block(x2)[:, :real]), atol=1e-4)
 
 
@@ -347,8 +355,16 @@ def mlm_count(cfg: ModelConfig) -> int:
 
 def paper_cfg(layers, d, ffn, attn=None, **kw) -> ModelConfig:
     arch = "amlp" if attn else "gmlp"
-    return ModelConfig(arch=arch, vocab_size=30522, hidden_size=d, num_layers=layers, intermediate_size=ffn,
-                       max_seq_length=128, tiny_attention_size=attn or 64, **kw)  # fmt: skip
+    return ModelConfig(
+        arch=arch,
+        vocab_size=30522,
+        hidden_size=d,
+        num_layers=layers,
+        intermediate_size=ffn,
+        max_seq_length=128,
+        tiny_attention_size=attn or 64,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("name", list(GMLP_SIZES))

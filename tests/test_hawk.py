@@ -55,8 +55,16 @@ def test_unknown_rule_is_refused():
 
 
 def hawk_cfg(**kw):
-    return ModelConfig(arch="hawk", vocab_size=50, hidden_size=32, state_size=512, num_layers=2, dropout=0.0,
-                       bidirectional="none", **kw)  # fmt: skip
+    return ModelConfig(
+        arch="hawk",
+        vocab_size=50,
+        hidden_size=32,
+        state_size=512,
+        num_layers=2,
+        dropout=0.0,
+        bidirectional="none",
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("rule", ["paper", "recurrentgemma"])

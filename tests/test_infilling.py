@@ -37,15 +37,26 @@ def generator(tmp_path_factory):
     tiny random gated SSM and a byte-level BPE trained on the stories' own words."""
     texts = english_lines(200) + [prompt(i) for i in synthetic_items(30, seed=9)]
     tok = train_byte_bpe(texts, 400)
-    cfg = ModelConfig(arch="gated_ssm", hidden_size=32, num_layers=2, state_size=32, vocab_size=tok.get_vocab_size(),
-                      dropout=0.0, initializer_range=0.3, max_seq_length=512)  # fmt: skip
+    cfg = ModelConfig(
+        arch="gated_ssm",
+        hidden_size=32,
+        num_layers=2,
+        state_size=32,
+        vocab_size=tok.get_vocab_size(),
+        dropout=0.0,
+        initializer_range=0.3,
+        max_seq_length=512,
+    )
     run = Run(tmp_path_factory.mktemp("infilling"), Recipe(), {"kind": "pretrain"})
     return Generator(run, build_lm(cfg, seed=2), tok, "prefix")
 
 
 def test_prompt_is_the_papers():
-    item = InfillingItem(("A stranger hands a letter to Ellie.", BLANK, "She sails to the island."),
-                         ("It is a bill.", "She burns it.", "It holds a map.", "She moves away."), 2)  # fmt: skip
+    item = InfillingItem(
+        ("A stranger hands a letter to Ellie.", BLANK, "She sails to the island."),
+        ("It is a bill.", "She burns it.", "It holds a map.", "She moves away."),
+        2,
+    )
     assert prompt(item) == (
         "Consider the following sequence of events, then select a choice that best fills in the missing entry:\n"
         "\n"

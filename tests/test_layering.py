@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "ssmlm"
 
 # package, top-level module or (overriding its package's) module -> layer; an import may only go to the same
-# or a lower layer
+# or a lower layer. Laid out by hand (fmt: skip): modules of one layer share a line, so that a line reads as a layer.
 LAYER = {
     "errors": 0, "progress": 0, "schema": 0, "yamlfile": 0,  # schema: Rule and the common ranges
     # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
@@ -160,9 +160,10 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert layer("ssmlm.evaluate.runner") < layer("ssmlm.train.loop") < layer("ssmlm.evaluate.run")
     # the models rule sees type-hint-only imports (the layer rule skips them), `from ssmlm import recipe` included
     mods = {
-        "ssmlm.models.y": tmp_path / "y.py", "ssmlm.recipe": tmp_path / "recipe.py",
+        "ssmlm.models.y": tmp_path / "y.py",
+        "ssmlm.recipe": tmp_path / "recipe.py",
         "ssmlm.train.config": tmp_path / "config.py",
-    }  # fmt: skip
+    }
     (tmp_path / "y.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ssmlm.train.config import TrainConfig\n"
         "    from ssmlm import recipe\n"

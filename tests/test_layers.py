@@ -140,8 +140,15 @@ def test_language_model_forward_as_with_flax_norms():
 def test_dense_builders_as_before():
     cfg = LMConfig(arch="gated_ssm", hidden_size=8, initializer_range=0.3, compute_dtype="bfloat16")
     lin = dense(cfg, 8, 5, nnx.Rngs(params=4), bias=False)
-    ref = nnx.Linear(8, 5, use_bias=False, kernel_init=nnx.initializers.normal(0.3), dtype=jnp.bfloat16,
-                     param_dtype=jnp.float32, rngs=nnx.Rngs(params=4))  # fmt: skip
+    ref = nnx.Linear(
+        8,
+        5,
+        use_bias=False,
+        kernel_init=nnx.initializers.normal(0.3),
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.float32,
+        rngs=nnx.Rngs(params=4),
+    )
     np.testing.assert_array_equal(lin.kernel[...], ref.kernel[...])
     assert lin.bias is None and lin.dtype == jnp.bfloat16
     with_bias = dense(cfg, 8, 5, nnx.Rngs(params=4))

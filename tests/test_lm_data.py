@@ -69,8 +69,9 @@ def test_documents_layout_keeps_line_breaks(tmp_path):
     docs = [english_lines(30, seed=i) for i in range(6)]
     for i, lines in enumerate(docs):
         (corpus / f"{i}.txt").write_text("\n".join(lines) + "\n")
-    cfg = DataConfig(source=str(corpus), tokenizer_type="byte_bpe", lowercase=False, vocab_size=500,
-                     validation_fraction=0.0)  # fmt: skip
+    cfg = DataConfig(
+        source=str(corpus), tokenizer_type="byte_bpe", lowercase=False, vocab_size=500, validation_fraction=0.0
+    )
     out = preprocess(cfg, 64, tmp_path / "data", quiet=True, layout="documents")
     meta = read_metadata(out)
     assert meta["layout"] == "documents" and meta["special_ids"]["start"] is not None
@@ -106,9 +107,21 @@ def test_lm_recipe_rules():
 
 
 def test_every_lm_recipe_loads():
-    names = ["clm_gated_ssm", "ul2_gated_ssm", "ul2_decoder_gated_ssm", "birdie_fixed_gated_ssm", "birdie_hawk",
-             "birdie_causal_gated_ssm", "birdie_gated_ssm", "clm_hawk", "clm_transformer", "birdie_transformer",
-             "birdie_gated_ssm_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4"]  # fmt: skip
+    names = [
+        "clm_gated_ssm",
+        "ul2_gated_ssm",
+        "ul2_decoder_gated_ssm",
+        "birdie_fixed_gated_ssm",
+        "birdie_hawk",
+        "birdie_causal_gated_ssm",
+        "birdie_gated_ssm",
+        "clm_hawk",
+        "clm_transformer",
+        "birdie_transformer",
+        "birdie_gated_ssm_1b4",
+        "birdie_hawk_1b4",
+        "birdie_transformer_1b4",
+    ]
     for name in names:
         r = load_recipe(name)
         assert r.objective.kind == "lm" and np.isfinite(r.train.learning_rate)
@@ -117,8 +130,9 @@ def test_every_lm_recipe_loads():
 def test_document_lengths_come_from_the_offsets(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(english_lines(50)) + "\n")
-    cfg = DataConfig(source=str(corpus), tokenizer_type="byte_bpe", lowercase=False, vocab_size=400,
-                     validation_fraction=0.0)  # fmt: skip
+    cfg = DataConfig(
+        source=str(corpus), tokenizer_type="byte_bpe", lowercase=False, vocab_size=400, validation_fraction=0.0
+    )
     docs = TokenDocuments(preprocess(cfg, 64, tmp_path / "d", quiet=True, layout="documents"), "train")
     assert docs.lengths.tolist() == [len(docs[i]) for i in range(len(docs))]
 

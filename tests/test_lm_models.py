@@ -32,8 +32,16 @@ START = 1
 
 
 def tiny(arch, bidirectional="alternate", **kw):
-    kw = {"vocab_size": 50, "hidden_size": 16, "state_size": 16, "num_layers": 2, "num_heads": 2, "dropout": 0.0,
-          "bidirectional": bidirectional, **kw}  # fmt: skip
+    kw = {
+        "vocab_size": 50,
+        "hidden_size": 16,
+        "state_size": 16,
+        "num_layers": 2,
+        "num_heads": 2,
+        "dropout": 0.0,
+        "bidirectional": bidirectional,
+        **kw,
+    }
     return ModelConfig(arch=arch, **kw)
 
 
@@ -63,8 +71,12 @@ def test_linear_scan_matches_step_by_step_recurrence(reverse, impl):
     reset = rng.random((2, 13)) < 0.25
     h = linear_scan(jnp.asarray(f, jnp.bfloat16), jnp.asarray(x, jnp.bfloat16), jnp.asarray(reset), reverse, impl)
     assert h.dtype == jnp.float32  # recurrences run in float32 whatever the input dtype
-    ref = reference_scan(np.asarray(jnp.asarray(f, jnp.bfloat16), np.float32),
-                         np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), reset, reverse)  # fmt: skip
+    ref = reference_scan(
+        np.asarray(jnp.asarray(f, jnp.bfloat16), np.float32),
+        np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32),
+        reset,
+        reverse,
+    )
     np.testing.assert_allclose(np.asarray(h), ref, rtol=1e-5, atol=1e-5)
     h32 = linear_scan(jnp.asarray(f), jnp.asarray(x), jnp.asarray(reset), reverse, impl)
     np.testing.assert_allclose(np.asarray(h32), reference_scan(f, x, reset, reverse), rtol=1e-5, atol=1e-5)
@@ -254,8 +266,15 @@ def test_param_rules_no_decay():
     assert not plus["blocks/0/w_f/kernel"] and not plus["blocks/0/conv/bias"] and plus["blocks/0/conv/kernel"]
     assert plus["blocks/0/w_z_gate/kernel"] and plus["blocks/0/w_out_gate/kernel"] and not plus["blocks/0/w_f/bias"]
     hawk = decays("hawk")
-    for name in ["rg_lru/a_param", "rg_lru/w_a/kernel", "rg_lru/w_x/kernel", "rg_lru/w_a/bias", "conv/bias",
-                 "norm/scale", "mlp/norm/scale"]:  # fmt: skip
+    for name in [
+        "rg_lru/a_param",
+        "rg_lru/w_a/kernel",
+        "rg_lru/w_x/kernel",
+        "rg_lru/w_a/bias",
+        "conv/bias",
+        "norm/scale",
+        "mlp/norm/scale",
+    ]:
         assert not hawk[f"blocks/1/{name}"], name
     for name in ["w_gate/kernel", "w_input/kernel", "w_output/kernel", "conv/kernel", "mlp/w_up/kernel"]:
         assert hawk[f"blocks/1/{name}"], name

@@ -50,8 +50,23 @@ def test_shards_and_metadata(tmp_path):
     corpus = write_docs(tmp_path / "c", 30)
     out = prep.preprocess(cfg_for(corpus, validation_fraction=0.2), L, tmp_path / "data", True, chunk_chars=CHUNK)
     meta = json.loads((out / "metadata.json").read_text())
-    keys = ("fingerprint", "format_version", "source", "corpus", "documents", "tokens", "max_seq_length",
-            "vocab_size", "special_ids", "tokenizer", "packing", "fill_rate", "splits", "config", "shards")  # fmt: skip
+    keys = (
+        "fingerprint",
+        "format_version",
+        "source",
+        "corpus",
+        "documents",
+        "tokens",
+        "max_seq_length",
+        "vocab_size",
+        "special_ids",
+        "tokenizer",
+        "packing",
+        "fill_rate",
+        "splits",
+        "config",
+        "shards",
+    )
     assert not [k for k in keys if k not in meta]
     assert meta["format_version"] == prep.FORMAT_VERSION == 3 and meta["documents"] == 30
     assert len(meta["shards"]) > 3 and (out / "tokenizer.json").is_file()
@@ -88,8 +103,16 @@ def test_single_chunk_rows_equal_pack(tmp_path, vocab, mode):
         docs = [d for d in load_corpus(str(corpus)).documents if prep._is_validation(d, 0.2) == (split != "train")]
         lines = [[e.ids for e in tok.encode_batch(d, add_special_tokens=False)] for d in docs]
         flat = np.array([t for d in lines for line in d for t in line], np.int32)
-        rt, rl = pack(flat, [len(x) for d in lines for x in d], [len(d) for d in lines], L - 2, cfg.short_seq_prob,
-                      prep.shard_rng(3, 0, split), mode, ids["sep"])  # fmt: skip
+        rt, rl = pack(
+            flat,
+            [len(x) for d in lines for x in d],
+            [len(d) for d in lines],
+            L - 2,
+            cfg.short_seq_prob,
+            prep.shard_rng(3, 0, split),
+            mode,
+            ids["sep"],
+        )
         np.testing.assert_array_equal(all_rows(out, split), rows_to_array(rt, rl, L, ids["cls"], ids["sep"]))
 
 
@@ -97,8 +120,9 @@ def test_masking_settings_do_not_change_the_fingerprint(tmp_path):
     corpus = write_docs(tmp_path / "c", 3)
     base = cfg_for(corpus)
     names = {f.name for f in dataclasses.fields(DataConfig)}
-    masking = {k: v for k, v in {"masked_lm_prob": 0.3, "max_predictions": 7, "duplicate_factor": 2}.items()
-               if k in names}  # fmt: skip
+    masking = {
+        k: v for k, v in {"masked_lm_prob": 0.3, "max_predictions": 7, "duplicate_factor": 2}.items() if k in names
+    }
     assert prep.output_dir(dataclasses.replace(base, **masking), L) == prep.output_dir(base, L)
     for change in (
         {"seed": 1},
@@ -168,8 +192,9 @@ def test_memory_is_bounded_by_the_chunk_not_the_corpus(tmp_path, vocab):
     counts, sizes = [], []
     for n in (10, 40):
         corpus = write_docs(tmp_path / f"c{n}", n)
-        out = prep.preprocess(cfg_for(corpus, vocab, validation_fraction=0.0), L, tmp_path / "d", True,
-                              chunk_chars=CHUNK)  # fmt: skip
+        out = prep.preprocess(
+            cfg_for(corpus, vocab, validation_fraction=0.0), L, tmp_path / "d", True, chunk_chars=CHUNK
+        )
         meta = json.loads((out / "metadata.json").read_text())
         counts.append(len(meta["shards"]))
         sizes.append(max(s["documents"] for s in meta["shards"]))

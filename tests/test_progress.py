@@ -79,8 +79,9 @@ def simulate(durations: list[float], burst: int, evaluate_at: int | None = None)
     moves ``burst`` at a time (dispatched together, shown when the device is done); at step ``evaluate_at`` a
     3-minute evaluation (a phase). The ETA shown (seconds) after each move, and those shown during the evaluation."""
     fake = FakeTime()
-    bar = progress_bar(False, "loss", console=Console(width=200, force_terminal=True, file=io.StringIO()),
-                       get_time=fake)  # fmt: skip
+    bar = progress_bar(
+        False, "loss", console=Console(width=200, force_terminal=True, file=io.StringIO()), get_time=fake
+    )
     task = bar.add_task("pretrain", total=len(durations), loss="-")
     with phase(bar, task, "compiling the training step"):
         fake.now += 30.0

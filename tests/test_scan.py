@@ -24,8 +24,19 @@ NL, B, N, D, V = 3, 2, 12, 16, 40
 
 
 def tiny(arch, scan, **kw):
-    base = dict(arch=arch, vocab_size=V, hidden_size=D, num_layers=NL, intermediate_size=32, max_seq_length=N,
-                num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.1, scan_layers=scan)  # fmt: skip
+    base = dict(
+        arch=arch,
+        vocab_size=V,
+        hidden_size=D,
+        num_layers=NL,
+        intermediate_size=32,
+        max_seq_length=N,
+        num_ssm=8,
+        num_heads=2,
+        tiny_attention_size=8,
+        dropout=0.1,
+        scan_layers=scan,
+    )
     return ModelConfig(**{k: v for k, v in {**base, **kw}.items() if k in fields_of(arch)})
 
 

@@ -22,8 +22,17 @@ LOGPROB_RTOL = 128 * EPS32
 
 
 def tiny(arch: str):
-    cfg = ModelConfig(arch=arch, hidden_size=32, num_layers=2, state_size=32, num_heads=2, vocab_size=48,
-                      dropout=0.0, initializer_range=0.3, max_seq_length=64)  # fmt: skip
+    cfg = ModelConfig(
+        arch=arch,
+        hidden_size=32,
+        num_layers=2,
+        state_size=32,
+        num_heads=2,
+        vocab_size=48,
+        dropout=0.0,
+        initializer_range=0.3,
+        max_seq_length=64,
+    )
     return build_lm(cfg, seed=3)
 
 
@@ -76,7 +85,7 @@ def test_long_requests_keep_their_last_tokens():
     model = tiny("gated_ssm")
     rng = np.random.default_rng(1)
     prefix, causal, cont = [int(x) for x in rng.integers(2, 48, 30)], [START, 8, 9], [10, 11, 12, 13]
-    (lp, n, _), = continuation_logprobs(model, [(prefix, causal, cont)], max_len=20)  # fmt: skip
+    ((lp, n, _),) = continuation_logprobs(model, [(prefix, causal, cont)], max_len=20)
     # 30 + 3 + 3 inputs -> the last 20: 16 prefix tokens dropped from its left
     assert truncate(prefix, causal, cont, 20) == (prefix[16:], causal)
     assert lp == pytest.approx(reference(model, prefix[16:], causal, cont)[0], rel=LOGPROB_RTOL) and n == 4

@@ -112,8 +112,14 @@ def test_a_command_says_it_is_starting_before_its_imports_end(tmp_path, corpus_f
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root}
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--dry-run"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--dry-run"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     first = proc.stderr.readline()
     seen = time.monotonic() - t0
     out, rest = proc.communicate(timeout=300)
@@ -208,14 +214,28 @@ def test_training_names_what_it_waits_on(tmp_path, corpus_file, monkeypatch, cap
     obj = build(ObjectiveConfig(masking="dynamic"), meta["special_ids"], meta["vocab_size"], 32, 0)
     sampler = Batches(TokenRows(data_dir, "train"), recipe.train.batch_size, 0)
     batches = lambda s, _: obj.train_batch(sampler(s), s, None)  # noqa: E731
-    stage = loop.Stage("pretrain", build_mlm(recipe.model, 0), obj.loss, batches, 4, recipe.train.batch_size * 32,
-                       obj.eval, token_eval_data(data_dir, obj, 8, 2), obj.score, hooks=[SlowEnd()],
-                       controller=SlowToyController())  # fmt: skip
+    stage = loop.Stage(
+        "pretrain",
+        build_mlm(recipe.model, 0),
+        obj.loss,
+        batches,
+        4,
+        recipe.train.batch_size * 32,
+        obj.eval,
+        token_eval_data(data_dir, obj, 8, 2),
+        obj.score,
+        hooks=[SlowEnd()],
+        controller=SlowToyController(),
+    )
     capsys.readouterr()
     loop.run(stage, recipe, tmp_path / "run")
     lines = capsys.readouterr().err.splitlines()
-    for line in ("pretrain 0/4: compiling the training step…", "pretrain 2/4: evaluating…",
-                 "pretrain 2/4: toy update…", "pretrain 4/4: finishing (plots)…"):  # fmt: skip
+    for line in (
+        "pretrain 0/4: compiling the training step…",
+        "pretrain 2/4: evaluating…",
+        "pretrain 2/4: toy update…",
+        "pretrain 4/4: finishing (plots)…",
+    ):
         assert line in lines, "\n".join(lines)
     took = [line for line in lines if " took " in line]
     assert any(line.startswith("pretrain 2/4: toy update took 0.") for line in took), took

@@ -282,8 +282,12 @@ def sixteen_words():
     words = [f"w{i}" for i in range(16)]
     context = " ".join(words)
     tok = word_tokenizer(["q", *words])
-    example = {"id": "a", "question": "q", "context": context,
-               "answers": {"text": ["w7"], "answer_start": [context.index("w7")]}}  # fmt: skip
+    example = {
+        "id": "a",
+        "question": "q",
+        "context": context,
+        "answers": {"text": ["w7"], "answer_start": [context.index("w7")]},
+    }
     return example, build_squad_features([example], tok, max_len=12, doc_stride=4, max_query_len=4)
 
 
