@@ -17,8 +17,8 @@ from ssmlm.schema import FRACTION, NON_NEGATIVE, POSITIVE, Rule, above, at_least
 @dataclasses.dataclass(frozen=True)
 class ControllerSettings:
     """Birdie's dynamic mixture (objective.mixture: birdie): when it evaluates, its reward model and how it
-    chooses the next action (birdie_official.md §2). Defaults are the paper's (A.1) and v1's (notes §2.3-§2.6);
-    shrink them for tiny runs."""
+    chooses the next action (Birdie paper 3.3, A.1; docs/faithfulness.md#birdie-controller). Defaults are the
+    paper's (A.1) and the official v1 code's; shrink them for tiny runs."""
 
     eval_scale: float = 1.0  # evaluations at the paper's steps 10, 50, 250, 500, 1000, 1500, 2000, +1000 … × this
     validation_rows: int = 2  # fixed validation rows (of seq_len) per configuration, the reward's losses

@@ -1,4 +1,4 @@
-"""Language-model pre-training on packed Birdie objective rows (birdie_official.md §1, §3).
+"""Language-model pre-training on packed Birdie objective rows (docs/faithfulness.md#birdie-objectives, #birdie-layout).
 
 ``LMObjective`` builds every row on the fly from a document split (``ssmlm.data.shards.TokenDocuments`` or
 anything with ``len`` and ``docs[i] -> int array``) with ``birdie.pipeline.make_row``. Row r of step s is a
@@ -105,7 +105,7 @@ class LMObjective:
 
     def config_eval_rows(self, c: int) -> dict:
         """``config_rows`` validation rows made of configuration ``c`` alone (Birdie's fixed validation set
-        per configuration, birdie_official.md §2.7)."""
+        per configuration, docs/faithfulness.md#birdie-controller)."""
         keys = row_keys(self.seed, _CONFIG_VALIDATION, c, np.arange(self.config_rows))
         return self._rows(self.docs_val, keys, np.eye(len(self.configs))[c])
 

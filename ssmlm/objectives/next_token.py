@@ -1,5 +1,5 @@
 """Predict the next token at every position of a row: the smallest non-MLM objective, here to show that the
-loop and the batch do not assume masking (issue 11). With a bidirectional encoder the answer is visible, so
+loop and the batch do not assume masking. With a bidirectional encoder the answer is visible, so
 it is a plumbing check, not a language model (the Birdie language models train on objective.kind lm, whose
 next-token configuration is ssmlm.objectives.birdie).
 

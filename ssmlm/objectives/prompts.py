@@ -1,9 +1,9 @@
 """Finetuning on prompt/response pairs (phone books, instruction data), packed in the START layout.
 
-A pair becomes one prefix-LM sample (birdie_official.md §3.1): prefix = [paradigm token of the prefix-LM class]
-+ prompt, target = response + [END], so the prompt is read bidirectionally, START predicts the response's first
-token and the last target is END (what stops generation). Samples are packed greedily into rows of ``seq_len``
-(``birdie.packing.pack``): several short pairs share a row, each its own segment.
+A pair becomes one prefix-LM sample (Birdie A.4, docs/faithfulness.md#birdie-layout): prefix = [paradigm token of
+the prefix-LM class] + prompt, target = response + [END], so the prompt is read bidirectionally, START predicts
+the response's first token and the last target is END (what stops generation). Samples are packed greedily into
+rows of ``seq_len`` (``birdie.packing.pack``): several short pairs share a row, each its own segment.
 
 Training order: epoch e visits every pair once, shuffled from (seed, e); the epoch's rows are a pure function of
 (seed, e), and the row stream is epoch 0's rows, then epoch 1's, …, so step s is rows [s·B, s·B + B) of that

@@ -1,4 +1,4 @@
-"""Birdie's pre-training objectives (birdie_official.md §1, §3): pure objective functions, the
+"""Birdie's pre-training objectives (docs/faithfulness.md#birdie-objectives): pure objective functions, the
 configuration grid and named mixtures, START-layout row packing and a key-deterministic row pipeline.
 
     functions.py  the objectives: (src, space, rng, ids, **params) -> Sample | None

@@ -1,15 +1,15 @@
-"""Birdie's dynamic mixture: reward, reward-model training and greedy action choice (birdie_official.md §2;
-paper 3.3, A.1).
+"""Birdie's dynamic mixture: reward, reward-model training and greedy action choice (paper 3.3, A.1; the official
+code's rules where the paper is silent: docs/faithfulness.md#birdie-controller).
 
 An action a ∈ Δⁿ⁻¹ is the per-sample sampling distribution over the n objective configurations. At every
 evaluation the controller receives the per-configuration validation losses ℓ and
 
-1. rewards the action taken since the previous evaluation, per configuration (``reward``, notes §2.2);
+1. rewards the action taken since the previous evaluation, per configuration (``reward``);
 2. appends the row [ℓ_old ‖ a_taken] → R to the history and trains ("groks") the reward model on all of it for a
-   fixed number of AdamW steps with multiplicative noise (notes §2.4, v1);
-3. once control has started (paper A.1.4: step 250), either explores (notes §2.6) or scores random proposals
+   fixed number of AdamW steps with multiplicative noise (as the official v1 code);
+3. once control has started (paper A.1.4: step 250), either explores (official code) or scores random proposals
    p by the model's prediction at history ‖ [ℓ ‖ p], balances classes (r̂_i / |class(i)|, summed) and takes the
-   mean of the top 8 (notes §2.5). Before that, the action stays the start action (paper: uniform).
+   mean of the top 8. Before that, the action stays the start action (paper: uniform).
 
 Everything random is drawn from a generator keyed by (seed, evaluation index, purpose), so the controller keeps
 no RNG state: the same state and losses always give the same new state, and a restored checkpoint continues
@@ -37,7 +37,7 @@ from ssmlm.objectives.config import ControllerSettings, check_controller
 
 
 def reward(old, new) -> np.ndarray:
-    """Per-configuration reward of going from losses ``old`` to ``new`` (notes §2.2, the code's sign):
+    """Per-configuration reward of going from losses ``old`` to ``new`` (the official code's sign):
 
         ΔL = (new − old)/(old + 1e-8),   S = √(old·new),   R = clip(−100·e·tanh(e·S·ΔL³), −1, 1),   NaN → 0.
 
@@ -84,7 +84,7 @@ def control_from(scale: float = 1.0) -> int:
 
 def explore_probability(step: float, n_steps: float, *, decay: float = 0.5, warmup: float = 0.1, cook: float = 0.05,
                         p_min: float = 0.2, p_max: float = 0.5, cook_prob: float = 1.0) -> float:  # fmt: skip
-    """p_explore at training step ``step`` (notes §2.6, v2 semantics and defaults; decay, warmup and cook are
+    """p_explore at training step ``step`` (the official v2 code's semantics and defaults; decay, warmup and cook are
     fractions of ``n_steps``): ``cook_prob`` before the cook period ends, ``p_max`` until warmup, then a cosine from
     p_max down to p_min reached at decay·N − 1, p_min afterwards."""
     total, w, c = decay * n_steps, warmup * n_steps, cook * n_steps
@@ -119,7 +119,7 @@ def _class_index(classes: Sequence[str]) -> dict[str, np.ndarray]:
 
 def class_weights(classes: Sequence[str]) -> np.ndarray:
     """1/|class(i)| per configuration: weighting per-configuration rewards by it makes every class count equally
-    (notes §0.3, §2.5 step 3; the code's extra factor "number of classes" is a constant and left out)."""
+    (as the official code ranks proposals; its extra factor "number of classes" is a constant and left out)."""
     sizes = {c: len(i) for c, i in _class_index(classes).items()}
     return np.array([1.0 / sizes[c] for c in classes])
 
@@ -131,7 +131,7 @@ def _clean(losses) -> np.ndarray:
 
 
 def exploration_action(classes: Sequence[str], losses, rng: np.random.Generator, style: str = "v1") -> np.ndarray:
-    """An exploratory action (notes §2.6): k ∈ {1, 2} classes drawn with replacement; the configurations of each
+    """An exploratory action (official code): k ∈ {1, 2} classes drawn with replacement; the configurations of each
     drawn class get random weights summing to 1 within it (a class drawn twice gets both draws); every
     configuration of an undrawn class gets a small mass, v1: ℓ_i·n/(n−k)·0.01·k/|class|, v2: n/(n−k)·0.005·k/|class|.
     v1 then multiplies the whole vector by ℓ (favouring high-loss configurations). Normalised to sum 1."""
@@ -163,7 +163,7 @@ PARETO_POOLS = ((5.0, 3.0), (3.0, 2.0), (2.0, 1.0))  # v2's (scale, α); the sca
 
 
 def propose(n: int, count: int, rng: np.random.Generator, pools: str = "uniform") -> np.ndarray:
-    """Random candidate actions, rows summing to 1 (notes §2.5 step 1): ``count`` i.i.d. uniform vectors (paper:
+    """Random candidate actions, rows summing to 1: ``count`` i.i.d. uniform vectors (paper:
     2,048); ``pools="pareto"`` adds ``count`` rows from each of v2's Pareto(5, 3), Pareto(3, 2) and Pareto(2, 1)
     pools (heavier-tailed, more peaked mixtures). v1's un-normalised 4th powers are not reproduced."""
     if pools not in ("uniform", "pareto"):
@@ -183,7 +183,7 @@ def candidate_rows(losses, proposals) -> np.ndarray:
 
 
 def top_mean(proposals, scores, top_n: int = 8) -> np.ndarray:
-    """Mean of the ``top_n`` best-scoring proposals (ties: the earlier one), renormalised (notes §2.5 step 4)."""
+    """Mean of the ``top_n`` best-scoring proposals (ties: the earlier one), renormalised."""
     order = np.argsort(-np.asarray(scores, np.float64), kind="stable")[:top_n]
     a = np.asarray(proposals, np.float64)[order].mean(axis=0)
     return a / a.sum()

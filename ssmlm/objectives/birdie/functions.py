@@ -1,4 +1,4 @@
-"""Birdie's pre-training objectives as pure functions (birdie_official.md §1; v1/paper semantics).
+"""Birdie's pre-training objectives as pure functions (v1/paper semantics; docs/faithfulness.md#birdie-objectives).
 
 Every objective is ``f(src, space, rng, ids, **params) -> Sample | None``:
   src    int32 tokens of one document from some offset (what is left of it)
@@ -299,8 +299,8 @@ PARADIGM_PLACEMENTS = ("start", "end_half", "none")
 
 def sample(kind: str, cls: str, src, space: int, rng, ids: Ids, paradigm: str = "start", **params) -> Sample | None:
     """Run objective ``kind`` and add the paradigm token of class ``cls`` (one slot reserved for it):
-    "start" = first prefix token (the notes' recommendation), "end_half" = last prefix token half the time
-    (paper A.6), "none" = no paradigm token."""
+    "start" = first prefix token (where the official v2 code prepends its paradigm string), "end_half" = last
+    prefix token half the time (paper A.6), "none" = no paradigm token."""
     if paradigm not in PARADIGM_PLACEMENTS:
         raise ValueError(f"paradigm {paradigm!r}: expected one of {PARADIGM_PLACEMENTS}")
     if paradigm == "none":

@@ -1,4 +1,4 @@
-"""Objective configurations and named mixtures (birdie_official.md §1.9–§1.12).
+"""Objective configurations and named mixtures (Birdie A.1, A.2; docs/faithfulness.md#birdie-grid).
 
 A ``Config`` is one action dimension of Birdie's controller: an objective class (one of
 ``reserved.CLASSES``, which picks the paradigm token and groups configs for class-balanced rewards), the
@@ -109,7 +109,7 @@ def _ul2_decoder() -> tuple[list[Config], np.ndarray]:
 
 
 def uniform_action(configs: list[Config]) -> np.ndarray:
-    """The paper's start (A.1.4, notes §2.7): "uniform sampling over all configurations for the first 250
+    """The paper's start (A.1.4): "uniform sampling over all configurations for the first 250
     steps", i.e. 1/104 per configuration of the grid (autoencoding, 54 of 104, gets 0.52 of the samples)."""
     return np.full(len(configs), 1.0 / len(configs))
 

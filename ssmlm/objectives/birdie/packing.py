@@ -1,4 +1,4 @@
-"""Pack samples into one row in the paper's START layout (birdie_official.md §3.1, paper A.4).
+"""Pack samples into one row in the paper's START layout (paper A.4; docs/faithfulness.md#birdie-layout).
 
 A sample with prefix x_1..x_N and target y_1..y_M occupies N + M slots:
 

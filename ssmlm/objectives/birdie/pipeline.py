@@ -1,4 +1,4 @@
-"""Rows of packed objective samples, each a pure function of an integer key (birdie_official.md §3.2).
+"""Rows of packed objective samples, each a pure function of an integer key (docs/faithfulness.md#birdie-layout).
 
 Per row: repeatedly draw a config ~ Categorical(probs); take the previous sample's leftover of the same
 document if there is one (v2 semantics: a long document is sliced across consecutive samples, possibly
