@@ -1,5 +1,5 @@
-"""Story infilling items (paper §4.5, App. C; birdie_official.md §5.4): a story of 3–7 numbered events, one
-of them "(blank)", and four choices (A)–(D) for the blank, one of them right.
+"""Story infilling items (paper §4.5, App. C; docs/faithfulness.md#birdie-evaluations): a story of 3–7 numbered
+events, one of them "(blank)", and four choices (A)–(D) for the blank, one of them right.
 
 The paper's data set is not published, so items come from a local JSONL file, one item per line:
 

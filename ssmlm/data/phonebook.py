@@ -1,5 +1,5 @@
-"""Multi-number phone-book lookup (Birdie paper §4.3, App. D Fig. 6; birdie_official.md §5.2) and the JSONL
-prompt/response format every finetuning file uses.
+"""Multi-number phone-book lookup (Birdie paper §4.3, App. D Fig. 6; docs/faithfulness.md#birdie-evaluations)
+and the JSONL prompt/response format every finetuning file uses.
 
 A book lists ``entries`` realistic, unique "First Last: DDD-DDD-DDDD" lines; the prompt asks for the numbers of
 k of them (a random subset in random order) and the response is those k numbers, in question order, joined by

@@ -17,7 +17,7 @@ FILES = {"validation": "dev-v2.0.json", "dev": "dev-v2.0.json", "train": "train-
 
 
 def prompt(item: dict) -> str:
-    """The paper formats inputs as "context question" (§4.4) with no template; notes §5.3: a blank line between."""
+    """The paper formats inputs as "context question" (§4.4) with no template; a blank line between."""
     return f"{item['context']}\n\n{item['question']}"
 
 

@@ -1,4 +1,4 @@
-"""Reserved tokens of the language-model objectives (Birdie; birdie_official.md §1.0, §1.3, §1.8): added as
+"""Reserved tokens of the language-model objectives (Birdie; docs/faithfulness.md#birdie-objectives): added as
 special tokens to whatever tokenizer an LM run uses, so they never collide with text and always decode to
 themselves. Objectives take a {name: id} mapping of these (``reserved_ids``).
 """

@@ -1,4 +1,4 @@
-"""Scoring phone-book lookups (Birdie paper §4.3, Fig. 1; birdie_official.md §5.2).
+"""Scoring phone-book lookups (Birdie paper §4.3, Fig. 1; docs/faithfulness.md#birdie-evaluations).
 
 The paper's "accuracy" is not defined precisely, so both readings are reported: per-number accuracy (queried
 number j is right when the j-th DDD-DDD-DDDD in the generation, or the j-th run of digits as long as the books'

@@ -2,7 +2,7 @@
 `ssmlm generate` prints.
 
 Where the prompt goes (``mode``): ``prefix`` puts it in the bidirectional prefix, then START, as Birdie
-trains its prefix objectives (birdie_official.md §3.1, §5.1); ``causal`` puts START first and the prompt after
+trains its prefix objectives (docs/faithfulness.md#birdie-layout); ``causal`` puts START first and the prompt after
 it, as a next-token-only (clm) run was trained; ``auto`` picks causal for clm pretraining runs and prefix
 otherwise (a finetuned run was trained with its prompts in the prefix, whatever its pretraining mixture).
 The prompt is led by the paradigm token of the objective class it imitates (prefix LM or next token), as the

@@ -1,7 +1,7 @@
 """Log-likelihoods of continuations, batched: what multiple-choice evaluations (story infilling, the
 lm-eval-harness adapter) ask of a language model.
 
-A request is laid out as a training sample is (birdie_official.md §3.1): ``prefix`` ids (bidirectional),
+A request is laid out as a training sample is (docs/faithfulness.md#birdie-layout): ``prefix`` ids (bidirectional),
 ``causal`` ids starting with START, then the ``continuation`` y_1 … y_K to score. One forward pass over
 
     [prefix…, causal…, y_1 … y_{K−1}]        token types 1 on the prefix, 3 after

@@ -1,4 +1,5 @@
-"""The EleutherAI lm-evaluation-harness (lm-eval 0.4) on an ssmlm language-model run (birdie_official.md §5.1).
+"""The EleutherAI lm-evaluation-harness (lm-eval 0.4) on an ssmlm language-model run, as Birdie's official
+adapter scores one (docs/faithfulness.md#birdie-evaluations).
 
 ``SsmlmLM`` is the harness's model interface, registered as "ssmlm" and built from the harness's argument
 string ``ckpt=RUN[,mode=auto|prefix|causal][,batch_size=8][,step=N]``:
