@@ -5,7 +5,7 @@ themselves. Objectives take a {name: id} mapping of these (``reserved_ids``).
 
 from __future__ import annotations
 
-# objective classes (the Birdie grid's explore classes, §1.9); one paradigm token each
+# objective classes (the Birdie grid's explore classes); one paradigm token each
 CLASSES = (
     "next_token",
     "prefix_lm",

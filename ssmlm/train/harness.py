@@ -6,7 +6,7 @@ string ``ckpt=RUN[,mode=auto|prefix|causal][,batch_size=8][,step=N]``:
 
 - ``loglikelihood``: log p(continuation | context), the context laid out as the run's generator lays out a
   prompt (the bidirectional prefix for a Birdie run, after START for a causal one), the continuation after
-  it as causal targets (ssmlm.runs.scoring). The harness wants log-likelihoods, higher is better (§5.1).
+  it as causal targets (ssmlm.runs.scoring). The harness wants log-likelihoods, higher is better.
 - ``loglikelihood_rolling``: the whole text as next-token targets after START (led by the next-token
   paradigm token where the run used them), in the harness's standard rolling windows of the run's
   training length, each window restarting with START; the sum of the log-probabilities.

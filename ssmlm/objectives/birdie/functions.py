@@ -10,7 +10,7 @@ and returns ``Sample(prefix, target, used)`` with len(prefix) + len(target) <= s
 tokens consumed (src[used:] is the leftover the pipeline feeds to the next sample), or None when nothing
 valid fits. Objectives never add the paradigm token; ``sample`` does (one slot reserved for it).
 
-Length buckets: ``max_len`` truncates the source; ``min_len`` (infilling/autoencoding: m* = ⌊μ/(2c)⌋, §1.9)
+Length buckets: ``max_len`` truncates the source; ``min_len`` (infilling/autoencoding: m* = ⌊μ/(2c)⌋, v1's rule)
 rejects shorter sources (``None``).
 """
 
@@ -68,7 +68,7 @@ def _i32(a) -> np.ndarray:
 
 
 def next_token(src, space, rng, ids, *, max_len=None, min_len=2) -> Sample | None:
-    """§1.1: empty prefix, target = the text (the whole sample is causal)."""
+    """v1: empty prefix, target = the text (the whole sample is causal)."""
     n = min(len(src), space, max_len or space)
     if n < min_len:
         return None
@@ -76,7 +76,7 @@ def next_token(src, space, rng, ids, *, max_len=None, min_len=2) -> Sample | Non
 
 
 def prefix_lm(src, space, rng, ids, *, max_len=None, min_side=4) -> Sample | None:
-    """§1.2 (v1): L = tokens taken; split uniformly in [0.5·L, L], clamped so both sides have >= 4 tokens."""
+    """v1: L = tokens taken; split uniformly in [0.5·L, L], clamped so both sides have >= 4 tokens."""
     n = min(len(src), space, max_len or space)
     if n < 2 * min_side:
         return None
@@ -182,7 +182,7 @@ def _masked_input(seg, starts, used, sents):
 
 
 def infilling(src, space, rng, ids, *, rate=0.15, mean=3.0, min_len=0, max_len=None) -> Sample | None:
-    """§1.3 (v1 span.cpp): span length max(1, ⌊N(μ, 1)⌋), corrupt with probability c/ℓ, gap rule, one random
+    """v1 (span.cpp): span length max(1, ⌊N(μ, 1)⌋), corrupt with probability c/ℓ, gap rule, one random
     sentinel per span in the prefix; target = span_1 sent_1 span_2 sent_2 …; retried <= 100 times."""
     out = _corrupt(src, space, rng, ids, rate, mean, min_len, max_len, autoencode=False)
     if out is None:
@@ -200,8 +200,8 @@ def infilling(src, space, rng, ids, *, rate=0.15, mean=3.0, min_len=0, max_len=N
 
 
 def autoencoding(src, space, rng, ids, *, rate=0.5, mean=3.0, min_len=0, max_len=None, shuffle=False):
-    """§1.4 (v1): the infilling walk, plus one extra token dropped after each span; target = the whole taken
-    text. ``shuffle`` (§1.5, intended semantics): the corrupted input's runs ("unmasked text + its following
+    """v1: the infilling walk, plus one extra token dropped after each span; target = the whole taken
+    text. ``shuffle`` (intended semantics): the corrupted input's runs ("unmasked text + its following
     sentinel", and the tail run without one) are permuted uniformly; the target is unchanged."""
     out = _corrupt(src, space, rng, ids, rate, mean, min_len, max_len, autoencode=True)
     if out is None:
@@ -224,7 +224,7 @@ def autoencoding(src, space, rng, ids, *, rate=0.5, mean=3.0, min_len=0, max_len
 
 
 def deshuffling(src, space, rng, ids, *, p=1.0, max_len=None, min_len=2) -> Sample | None:
-    """§1.6 (token level): ⌊p·n⌋ random positions permuted among themselves; target = the original."""
+    """Token level: ⌊p·n⌋ random positions permuted among themselves; target = the original."""
     n = min(len(src), space // 2, max_len or space)
     if n < min_len:
         return None
@@ -236,7 +236,7 @@ def deshuffling(src, space, rng, ids, *, p=1.0, max_len=None, min_len=2) -> Samp
 
 
 def copying(src, space, rng, ids, *, max_len=None, min_len=2) -> Sample | None:
-    """§1.7: prefix = tokens, target = tokens (at most half the space)."""
+    """v1: prefix = tokens, target = tokens (at most half the space)."""
     n = min(len(src), space // 2, max_len or space)
     if n < min_len:
         return None
@@ -246,7 +246,7 @@ def copying(src, space, rng, ids, *, max_len=None, min_len=2) -> Sample | None:
 
 def selective_copying(src, space, rng, ids, *, k=1, form="query_context", max_len=None, span=(8, 16),
                       start_delim=(1, 8), end_delim=(1, 4), tries=None, retries=10) -> Sample | None:  # fmt: skip
-    """§1.8 (v1/paper format). query_context: [COPY] ([START] sd_i [END] ed_i)… [CONTEXT] context;
+    """v1/paper format (A.5). query_context: [COPY] ([START] sd_i [END] ed_i)… [CONTEXT] context;
     context_query: [CONTEXT] context [COPY] ([START] sd_i [END] ed_i)…. Target: span_1 [SEP] … span_K [DONE].
     Span ~ U{8..16}; its start delimiter (U{1..8}) is the context's tokens just before it, its end delimiter
     (U{1..4}) those just after; the K super-spans (delim + span + delim) do not overlap."""

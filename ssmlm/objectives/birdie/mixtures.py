@@ -55,7 +55,7 @@ def _span_grid(cls, kind, rates, means, buckets, extra=({},), keep=lambda rate, 
 
 
 def birdie_grid() -> list[Config]:
-    """The 104 configurations of v1's Birdie grid (§1.9): 26 infilling, 54 autoencoding (27 plain + 27 with
+    """The 104 configurations of v1's Birdie grid: 26 infilling, 54 autoencoding (27 plain + 27 with
     deshuffling), 2 copying, 4 deshuffling (p ∈ {0.5, 1.0} as the paper intends; v1 never wired p, so all its
     four were 1.0), 1 next token, 1 prefix LM, 16 selective copying. Length buckets become ``max_len``
     (truncation); infilling/autoencoding also reject sources shorter than m*."""
@@ -87,7 +87,7 @@ def initial_action(configs: list[Config]) -> np.ndarray:
 
 
 def _ul2() -> tuple[list[Config], np.ndarray]:
-    """v1 configs/ul2.py (§1.10): the paper's UL2 baseline; infilling min length ⌊μ/c⌋; weights / 20."""
+    """v1 configs/ul2.py: the paper's UL2 baseline; infilling min length ⌊μ/c⌋; weights / 20."""
     spans = [(0.15, 3, 4), (0.15, 8, 4), (0.5, 3, 2), (0.5, 8, 2), (0.15, 64, 2), (0.5, 64, 2)]
     configs = [Config("infilling", "infilling", {"rate": c, "mean": float(m), "min_len": math.floor(m / c)})
                for c, m, _ in spans]  # fmt: skip
@@ -123,7 +123,7 @@ def _birdie() -> tuple[list[Config], np.ndarray]:
 
 def _birdie_fixed() -> tuple[list[Config], np.ndarray]:
     """Stand-in for the paper's Fixed Ratio Mixture ("BFR"). ASSUMPTION: the paper's hand-tuned ratios were
-    never published (§1.12), so this is the official v1 code's initial action (1/7 per class, uniform within
+    never published (paper A.13), so this is the official v1 code's initial action (1/7 per class, uniform within
     each) frozen: every objective class gets an equal share, which uniform-per-configuration would not."""
     grid = birdie_grid()
     return grid, initial_action(grid)
