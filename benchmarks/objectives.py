@@ -28,7 +28,7 @@ Tokens per sample, counted the same way on both sides: the produced input (prefi
 target; the START token the packer adds between them is not counted on either side. "no sample": attempts that
 gave none (ssmlm None; official status other than "ok"), included in samples/s on both sides.
 
-Official-pipeline bugs that change what its side does (../shared/reference/birdie_official.md §0, §1.13):
+Official-pipeline bugs that change what its side does (docs/faithfulness.md#birdie-official-bugs):
 next-token prediction at HEAD is a copy task (input = paradigm + ⌊(L − |p|)/2⌋ tokens, label = the same tokens);
 autoencoding-with-deshuffling never shuffles; deshuffling shuffles characters and re-encodes them, which takes ~3×
 the tokens, so every sample is rejected as too large (status "error": its row times failed attempts, and the

@@ -1,5 +1,6 @@
 """The BiGS encoder and its heads (ssmlm.models): parameter counts, shapes, directionality, and a float64
-numpy re-implementation of the gated layer / MLM model written from bigs_official.md §1.1-§1.3, §1.8.
+numpy re-implementation of the gated layer / MLM model written from docs/faithfulness.md#bigs-layer, #bigs-s4d
+and #bigs-heads.
 
 Full-size counts are checked without allocating (nnx.eval_shape); everything that runs uses tiny sizes.
 """
@@ -103,7 +104,8 @@ def layer_norm(x, scale, bias, eps=1e-12):
 
 
 def ref_ssm(ssm, u):
-    """y_t = Σ_{j≤t} K_j u_{t-j} + D u_t with K from §1.3 (all modes summed, real part, Re A clipped)."""
+    """y_t = Σ_{j≤t} K_j u_{t-j} + D u_t with K of docs/faithfulness.md#bigs-s4d (all modes summed, real part,
+    Re A clipped)."""
     a = np.minimum(arr(ssm.A_re), -1e-4) + 1j * arr(ssm.A_im)
     c = arr(ssm.C)
     c = c[:, 0] + 1j * c[:, 1]
@@ -119,7 +121,7 @@ def ref_dense(lin, x):
 
 
 def ref_layer(layer, h, gelu):
-    """bigs_official.md §1.2, pre-LN gated block."""
+    """docs/faithfulness.md#bigs-layer, pre-LN gated block."""
     x = layer_norm(h, arr(layer.norm.scale), arr(layer.norm.bias))
     v = gelu(ref_dense(layer.w_v, x))
     f = gelu(ref_dense(layer.w_f, x))
@@ -179,11 +181,11 @@ def random_ids(shape, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, V, shape), jnp.int32)
 
 
-# ----------------------------------------------------------------------------- parameter counts (§6.1)
+# ----------------------------------------------------------------------------- parameter counts
 
 
 def test_bigs_large_parameter_count_without_allocating():
-    """23L, H1024, I3072, L128, vocab 30522 (§6.1): 346,314,134 parameters in 608 leaves in the official
+    """23L, H1024, I3072, L128, vocab 30522: 346,314,134 parameters in 608 leaves in the official
     layout (final_norm off, one module per layer); ssmlm's default final LayerNorm adds 2·1024 in 2 leaves.
     The scanned layout holds the same parameters in 26 stacked leaves for all layers."""
     cfg = ModelConfig(
@@ -204,7 +206,7 @@ def test_bigs_large_parameter_count_without_allocating():
     }
     n, leaves = shape_count(lambda: build_mlm(cfg))
     assert n == 346_314_134
-    assert leaves == 608  # §6.5: 26 per layer + 5 embedding + 5 head
+    assert leaves == 608  # 26 per layer + 5 embedding + 5 head
     n, leaves = shape_count(lambda: build_mlm(dataclasses.replace(cfg, final_norm=True)))
     assert (n, leaves) == (346_314_134 + 2 * 1024, 610)
     assert param_count_formula(dataclasses.replace(cfg, final_norm=True))["mlm_total"] == n
@@ -212,7 +214,7 @@ def test_bigs_large_parameter_count_without_allocating():
 
 
 def test_bigs_12_layer_parameter_count_without_allocating():
-    """12L, H768, I3072, L128 (§6.1): 137,555,562. Built abstractly at 2 layers (tracing 12 is slow), the
+    """12L, H768, I3072, L128: 137,555,562. Built abstractly at 2 layers (tracing 12 is slow), the
     per-layer difference and the 2-layer total must fit the table's per-layer and embedding figures."""
     cfg = ModelConfig(
         vocab_size=30522, num_layers=12, hidden_size=768, intermediate_size=3072, final_norm=False, scan_layers=False
@@ -336,7 +338,7 @@ def test_encoder_hidden_shape_and_kernels(mlm):
 def test_mlm_matches_numpy_reference(layer_gelu, num_layers):
     """Whole model (embeddings, gated layers, tied MLM head) against the float64 re-implementation.
 
-    The MLM head always uses the exact GELU (§1.8); cfg.gelu only affects the gated layers."""
+    The MLM head always uses the exact GELU (official code); cfg.gelu only affects the gated layers."""
     cfg = dataclasses.replace(CFG, gelu=layer_gelu, num_layers=num_layers)
     model = build_mlm(cfg, seed=3)
     rng = np.random.default_rng(1)
@@ -366,7 +368,7 @@ def test_gated_layer_gelu_choice_is_applied():
     # exact layer: close to the exact reference, measurably off the tanh one; tanh layer the other way round
     assert deltas["exact"][0] < 2e-5 and deltas["exact"][1] > 1e-4, deltas
     assert deltas["tanh"][1] < 2e-5 and deltas["tanh"][0] > 1e-4, deltas
-    # GELU(1): 0.8411920 (tanh) vs 0.8413447 (exact), §6.4 — the reference activations themselves
+    # GELU(1): 0.8411920 (tanh) vs 0.8413447 (exact) — the reference activations themselves
     assert gelu_tanh(1.0) == pytest.approx(0.8411920, abs=1e-7)
     assert gelu_exact(1.0) == pytest.approx(0.8413447, abs=1e-7)
 
@@ -413,7 +415,7 @@ def test_initialisation_statistics():
             arr(model.encoder.embeddings.position.embedding).ravel(),
         ]
     )
-    assert np.std(w) == pytest.approx(0.02, rel=0.05)  # N(0, 0.02²), §1.1/§1.2
+    assert np.std(w) == pytest.approx(0.02, rel=0.05)  # N(0, 0.02²), as the official code
     assert abs(np.mean(w)) < 0.002
     assert np.all(arr(layers[0].w_v.bias) == 0) and np.all(arr(layers[0].norm.scale) == 1)
     np.testing.assert_array_equal(arr(model.mlm_head.bias), 0.0)
@@ -421,7 +423,7 @@ def test_initialisation_statistics():
     assert np.std(arr(model.mlm_head.transform.kernel)) == pytest.approx(1 / math.sqrt(H), rel=0.2)
 
 
-# ----------------------------------------------------------------------------- direction and structure (§6.4)
+# ----------------------------------------------------------------------------- direction and structure
 
 
 def test_gated_layer_is_bidirectional():
@@ -508,7 +510,7 @@ def test_pooler_masking(pooler):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-# ----------------------------------------------------------------------------- residual scale (issue 9)
+# ----------------------------------------------------------------------------- residual scale
 
 
 def test_gate_product_grows_quadratically_and_final_norm_bounds_what_heads_read():
@@ -561,8 +563,8 @@ def test_gate_norm_removes_the_quadratic_path():
 @pytest.mark.slow  # 50 s on 2 cores (CI time); run with -m slow
 def test_pooler_input_stays_bounded_after_pretraining(tmp_path, corpus_file):
     """A short MLM pretraining of the default architecture (final_norm on), then the quantity that blew up in
-    the user's run: the mean-pooled last hidden state the pooler reads (norm ~1,937 against 6.65 at init in
-    issue 9). It stays at the LayerNorm's scale, ~√d."""
+    the user's run: the mean-pooled last hidden state the pooler reads (norm ~1,937 against 6.65 at init;
+    docs/faithfulness.md#bigs-final-norm). It stays at the LayerNorm's scale, ~√d."""
     from conftest import tiny_recipe
 
     from ssmlm.recipe import load_recipe

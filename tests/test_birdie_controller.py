@@ -1,4 +1,4 @@
-"""Birdie's reward model (critic) and dynamic-mixture controller (birdie_official.md §2)."""
+"""Birdie's reward model (critic) and dynamic-mixture controller (docs/faithfulness.md#birdie-controller)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_score_last_equals_full_forward(t):
 
 
 def test_reward_pins():
-    # the notes' worked examples (§0, §2.2), recomputed: 3.0→2.99 is 8.2e-5 ("≈ 1e-4"), 3.0→3.1 is −0.0835
+    # worked examples (docs/faithfulness.md#birdie-controller): 3.0→2.99 is 8.2e-5 ("≈ 1e-4"), 3.0→3.1 is −0.0835
     assert reward(4.5, 4.2) == pytest.approx(0.952, abs=1e-3)
     assert reward(0.6, 0.5207) == pytest.approx(0.954, abs=1e-3)
     assert reward(3.0, 2.99) == pytest.approx(8.196e-5, rel=1e-3)

@@ -1,4 +1,4 @@
-"""Birdie objectives, grid, packing and row pipeline (birdie_official.md §1, §3)."""
+"""Birdie objectives, grid, packing and row pipeline (docs/faithfulness.md#birdie-objectives, #birdie-layout)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_infilling_hand_example():
 @pytest.mark.parametrize("rate", [0.15, 0.5])
 def test_infilling_masked_fraction(rate):
     """The masked fraction of the taken text is ≈ c/(1 + 4c/3) (each span start also blocks ⌊ℓ/3⌋ + 1
-    positions); masked : unmasked is ≈ c/(1 + c/3), the notes' figure (0.143 / 0.429)."""
+    positions); masked : unmasked is ≈ c/(1 + c/3), the figure sometimes quoted (0.143 / 0.429)."""
     g, src = rng(1), text(1024)
     masked = total = 0
     for _ in range(150):

@@ -1,10 +1,10 @@
 """Importing the official BiGS checkpoints (ssmlm.models.convert).
 
-Each test writes a tiny checkpoint in the OFFICIAL layout (bigs_official.md §1.8: a Flax msgpack tree with
+Each test writes a tiny checkpoint in the OFFICIAL layout (docs/faithfulness.md#bigs-heads: a Flax msgpack tree with
 `s4_bert` and `cls` / `classifier`, the official key names and shapes, plus a config.json with BiGSConfig
 keys and a vocab.txt), imports it, loads the run back with open_run(...).load_model(), and compares the
-model's outputs with a float64 numpy computation written directly from the official equations (§1.1-§1.3,
-§1.8) on the raw official dict. Nothing here touches the network.
+model's outputs with a float64 numpy computation written directly from the official equations
+(docs/faithfulness.md#bigs-layer, #bigs-s4d) on the raw official dict. Nothing here touches the network.
 """
 
 import json
@@ -149,7 +149,7 @@ def dense(x, p):
 
 
 def s4_layer(p, u):
-    """One S4dLayer on (L, H), bigs_official.md §1.3, by explicit sums (not the implementation's FFT):
+    """One S4dLayer on (L, H), docs/faithfulness.md#bigs-s4d, by explicit sums (not the implementation's FFT):
 
     K[l] = Re Σ_n C_n (e^{ΔA_n} - 1)/A_n e^{lΔA_n};  y_t = Σ_{j≤t} K_j u_{t-j} + D u_t.
     Same kernel and D for every channel."""
@@ -285,7 +285,7 @@ def test_classification_checkpoint_imports_as_finetune_run(tmp_path):
 def test_config_mapping():
     cfg = model_config_from_official(official_config(scaling="lin", pooler_type="mean", hidden_dropout_prob=0.2))
     assert (cfg.a_init, cfg.pooler, cfg.dropout, cfg.gelu, cfg.arch) == ("lin", "mean", 0.2, "tanh", "bigs")
-    # BiGSConfig defaults fill missing keys (§2)
+    # BiGSConfig defaults fill missing keys
     d = model_config_from_official({})
     assert (d.vocab_size, d.hidden_size, d.num_layers, d.max_seq_length, d.num_ssm) == (
         30522,
@@ -304,7 +304,7 @@ def test_read_official_flat_names(tmp_path):
     src = write_official(tmp_path / "ck", official_params(), official_config())
     config, flat = read_official(src)
     assert config["num_ssm"] == N
-    assert len(flat) == 26 * LAYERS + 5 + 5  # §6.5: 26 leaves per layer, 5 embedding, 5 head
+    assert len(flat) == 26 * LAYERS + 5 + 5  # 26 leaves per layer, 5 embedding, 5 head
     assert flat["s4_bert/encoder/layer/1/fs4/C"].shape == (N, 2)
     assert flat["cls/predictions/bias"].shape == (V,)
 

@@ -170,9 +170,9 @@ def test_pre_ln_is_the_default_and_has_final_norm(arch):
     assert pre(ids).shape == post(ids).shape
 
 
-# Paper parameter counts (MLM model, tied decoder). BiGS/BERT figures from bigs_official.md §6.1 and the
-# paper ("~350M", BERT-large 335M at 512 positions). gMLP/aMLP: gMLP paper Table 5 (130M/365M/941M; aMLP
-# 109M/316M).
+# Paper parameter counts (MLM model, tied decoder). BiGS/BERT figures from docs/faithfulness.md#bigs-param-counts
+# and the paper ("~350M", BERT-large 335M at 512 positions). gMLP/aMLP: gMLP paper Table 5 (130M/365M/941M;
+# aMLP 109M/316M).
 PAPER = {
     "bigs_full": (346_314_134 + 2 * 1024, 0.0),  # official count + ssmlm's final LayerNorm (final_norm)
     "bigs_512": (346_707_350 + 2 * 1024, 0.0),

@@ -237,7 +237,7 @@ def test_gated_ssm_layer_parameter_count():
     paper = lm_family.param_count_formula(
         ModelConfig(arch="gated_ssm", vocab_size=32000, hidden_size=2048, state_size=2560, num_layers=48)
     )
-    assert 1.25e9 < paper["non_embedding"] < 1.27e9  # notes §4.2: ≈1.26B without embeddings
+    assert 1.25e9 < paper["non_embedding"] < 1.27e9  # docs/faithfulness.md#birdie-models: ≈1.26B without embeddings
 
 
 @pytest.mark.parametrize("tie", [False, True])

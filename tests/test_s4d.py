@@ -1,7 +1,7 @@
 """S4D kernel, initialisation and convolution (ssmlm.models.s4d) against independent numbers.
 
-Reference values are copied from the BiGS re-implementation notes (bigs_official.md §1.4, §6.2-§6.4) and the
-ecosystem notes (ecosystem.md §2.3); they were computed there with float64 numpy, independently of ssmlm.
+Reference values are those of docs/faithfulness.md#bigs-s4d and #bigs-reference-values, computed from the
+definitions with float64 numpy, independently of ssmlm.
 """
 
 import math
@@ -127,7 +127,7 @@ def test_init_a_rejects_unknown_kind():
         s4d.init_a(8, "legt")
 
 
-# ----------------------------------------------------------------------------- kernel values (§6.3)
+# ----------------------------------------------------------------------------- kernel values
 
 KERNEL_CASES = {
     ("hippo", 0.1): [2.392688, 0.630997, 0.356457, 0.266283, 0.188023, 0.074643, 0.093359, 0.105817],
@@ -167,8 +167,8 @@ def test_kernel_values_complex_c(kind, expected):
         (0.01, [0.03989689, 0.03967832, 0.03944148, 0.03918667]),
     ],
 )
-def test_kernel_two_lin_modes_ecosystem_reference(step, expected):
-    """ecosystem.md §2.3 uses the conjugate-pair convention K = 2·Re(Σ C B̄ Ā^ℓ), two modes A = -0.5 + iπ{0,1}.
+def test_kernel_two_lin_modes_conjugate_pair_reference(step, expected):
+    """The S4D paper's conjugate-pair convention K = 2·Re(Σ C B̄ Ā^ℓ), two modes A = -0.5 + iπ{0,1}.
 
     ssmlm sums all modes without the factor 2, so 2·K_ssmlm must equal the reference."""
     k = kernel("lin", step, n=2, length=4)
@@ -223,7 +223,7 @@ def test_discretize_zoh():
     np.testing.assert_allclose(np.asarray(s4d.discretize_zoh(a, jnp.float32(1e-3))[1]), 1e-3, rtol=2e-3)
 
 
-# ----------------------------------------------------------------------------- convolution (§6.4)
+# ----------------------------------------------------------------------------- convolution
 
 
 def test_causal_conv_worked_example_forward_and_backward():
@@ -273,8 +273,8 @@ def test_causal_conv_bfloat16_input_keeps_dtype():
 # ----------------------------------------------------------------------------- recurrence == convolution
 
 
-def test_ecosystem_worked_output_two_lin_modes():
-    """ecosystem.md §2.3: Δ=0.1, L=8, u=0..7, K = 2·Re(...) with B=C=1 → the listed y (D = 0)."""
+def test_conjugate_pair_worked_output_two_lin_modes():
+    """Conjugate-pair convention: Δ=0.1, L=8, u=0..7, K = 2·Re(...) with B=C=1 → the listed y (D = 0)."""
     expected = [0, 0.38701121, 1.12436361, 2.16270095, 3.44505847, 4.91222490, 6.50784802, 8.18281836]
     k2 = 2 * kernel("lin", 0.1, n=2, length=8)
     u = jnp.arange(8.0).reshape(1, 8, 1)
@@ -315,7 +315,7 @@ def test_recurrence_reference_against_hand_loop():
         ys.append(x + dd * uk)
     got = s4d.ssm_recurrence_ref([a], [0.0], [[1.0, 0.0]], [math.log(step)], [dd], np.array(u))
     np.testing.assert_allclose(got, ys, rtol=1e-12)
-    assert bbar == pytest.approx(0.19508230 / 2, rel=1e-7)  # ecosystem.md §2.3, K0 = 2(e^-0.05 - 1)/(-0.5)
+    assert bbar == pytest.approx(0.19508230 / 2, rel=1e-7)  # K0 = 2(e^-0.05 - 1)/(-0.5), one real mode
 
 
 # ----------------------------------------------------------------------------- the SSM module

@@ -1,4 +1,4 @@
-"""Nothing a user waits on is silent (issue 24): a command's start (imports, opening the run) shows a spinner on a
+"""Nothing a user waits on is silent: a command's start (imports, opening the run) shows a spinner on a
 terminal and a line without one; a training bar names what it waits on between steps (compiling, evaluating, the
 controller's update) and, without a terminal, prints a line when that takes long. (Decoding's compiles per prompt
 length: tests/test_decode.py.)"""
