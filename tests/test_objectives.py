@@ -186,7 +186,7 @@ def test_controller_state_is_checkpointed_and_resume_is_exact(tmp_path, corpus_f
     assert [key(r)[0] for r in la] == [key(r)[0] for r in lb]
     assert [key(r)[1] for r in la] == pytest.approx([key(r)[1] for r in lb], rel=1e-6)
     # an update after step s applies from s + CONTROL_LAG on (batches in flight never change)
-    from ssmlm.train.loop import CONTROL_LAG
+    from ssmlm.train.control import CONTROL_LAG
 
     assert seen_a[3 + CONTROL_LAG - 1] == seen_a[1] != seen_a[3 + CONTROL_LAG]
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from ssmlm.cli import app
 from ssmlm.runs.checkpoint import _quiet_unfinished_saves
-from ssmlm.train.loop import MetricsLog
+from ssmlm.train.logs import MetricsLog
 
 runner = CliRunner()
 

@@ -1,4 +1,5 @@
-"""Parameter counts, training FLOPs per token and parameter/optimizer memory — without allocating.
+"""Parameter counts, training FLOPs per token and parameter/optimizer memory — without allocating — and the
+known devices' peak FLOP/s (what training's model-FLOPs utilisation divides by).
 
 FLOPs use the usual 6N rule (2 per parameter forward, 4 backward) for every dense/embedding-free
 parameter, plus the parts whose cost is not one multiply-add per parameter per token (each family's ``mixing_flops``):
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
 from flax import nnx
 
 from ssmlm.models.config import ModelConfig, family
@@ -70,3 +72,17 @@ def _plain_tracer_errors():
         yield
     finally:
         tracer._origin_msg = original
+
+
+# Dense bf16 peak per device (FLOP/s), for the model-FLOPs utilisation estimate (training's mfu).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, "TPU v4": 275e12,
+              "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}  # fmt: skip
+
+
+def peak_flops_per_second(configured: float | None = None) -> float | None:
+    """``configured`` (train.peak_flops) if set, else the known peak of this device kind times the device count."""
+    if configured:
+        return configured
+    kind = jax.devices()[0].device_kind
+    per = next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
+    return per * jax.device_count() if per else None

@@ -193,7 +193,7 @@ def _ready(output) -> bool:
 
 
 class Stopped(Exception):
-    """Ctrl-C while the loop waited on work it drops and does again on resume (ssmlm.train.loop.interruptibly)."""
+    """Ctrl-C while the loop waited on work it drops and does again on resume (ssmlm.train.threads.interruptibly)."""
 
 
 class Evaluation(Hook):

@@ -1,16 +1,18 @@
 """The one training loop, shared by pretrain, extend-length and finetune (and any objective).
 
-A Stage says what differs between them (model, loss, batches, evaluation); this module owns everything
-else: the jitted step, the learning-rate schedule, progress, the JSONL metrics log, evaluation (compiled once
-per run), checkpointing and exact resume. Batch ``s`` is a pure function of (seed, s, controller state) and
-dropout keys are fold_in(seed, s), so a resumed run takes exactly the steps an uninterrupted one would.
+A Stage says what differs between them (model, loss, batches, evaluation); this module owns the rest of a run's
+training: the jitted step, the run's state (TrainState) and what stays fixed (RunContext), setup, exact resume and
+the ending. Batch ``s`` is a pure function of (seed, s, controller state) and dropout keys are fold_in(seed, s), so
+a resumed run takes exactly the steps an uninterrupted one would.
 
 ``run`` is setup (a RunContext of what stays fixed, a TrainState of what changes, restored from the newest
 checkpoint), the step loop and the ending. After every step the default hooks of ssmlm.train.hooks run in
 order: metrics log, divergence guard, progress, evaluation (and the controller's update), checkpointing.
+Evaluation goes through the one evaluation step and loop of ssmlm.evaluate.runner, its step compiled once per run.
 
-Every start cuts metrics.jsonl back to the restored checkpoint's step (none restored: empty), so no row is ever
-repeated; RUN/launches.json counts the run's starts and the seconds each trained, for the summary.
+Beside the loop: ssmlm.train.logs (metrics.jsonl, cut back to the restored checkpoint's step on every start so no
+row is ever repeated; launches.json, the run's starts and the seconds each trained), ssmlm.train.control (when a
+controller's updates apply) and ssmlm.train.threads (Ctrl-C, worker threads, the batch prefetcher).
 
 Ctrl-C: the loop stops after the current step and saves the checkpoint to resume from. Work it can drop and
 redo (an evaluation with the controller's update, the first step of a start, which compiles) runs on a worker
@@ -25,27 +27,23 @@ made of while training runs (Birdie's objective mixture): its state is saved in 
 
 from __future__ import annotations
 
-import json
-import signal
-import threading
-import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
 from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
+from ssmlm.evaluate.runner import make_eval_step, run_eval
+from ssmlm.models.flops import peak_flops_per_second
 from ssmlm.progress import console, progress_bar
 from ssmlm.recipe import Recipe
-from ssmlm.runs import atomic_write
 from ssmlm.runs.checkpoint import Checkpoints
+from ssmlm.train.control import CONTROL_LAG, Controller, ControllerTimeline
 from ssmlm.train.hooks import (
     Checkpointing,
     DivergenceGuard,
@@ -58,55 +56,10 @@ from ssmlm.train.hooks import (
     emit,
     log_control,
 )
+from ssmlm.train.logs import Launches, MetricsLog
 from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
 from ssmlm.train.optim import Optimizer, make_optimizer, rule_records, rule_table
-
-
-class Controller(Protocol):
-    """Steers the batches while training runs. Its state is a pytree of arrays (saved in checkpoints)."""
-
-    def init_state(self) -> Any: ...
-
-    def update(self, state: Any, step: int, eval_metrics: dict[str, float]) -> Any:
-        """The new state after the evaluation at ``step``; it applies from step + CONTROL_LAG on."""
-        ...
-
-    # optional: ``record(state) -> dict`` of JSON values, logged to metrics.jsonl (split "controller") for the
-    # initial state and after every update; ``update_label``: what the bar says while ``update`` runs
-
-
-# An update made after step s applies to the batches of steps >= s + CONTROL_LAG. The lag is the prefetch
-# depth, so batches already being read never change, and it is a constant, so a resumed run applies every
-# update at the same step as an uninterrupted one.
-PREFETCH_DEPTH = 2
-CONTROL_LAG = PREFETCH_DEPTH
-
-
-@dataclass
-class Schedule:
-    """The controller state in effect at each step: ``current`` up to ``pending_from`` - 1, then ``pending``."""
-
-    current: Any
-    pending: Any
-    pending_from: int
-
-    def at(self, step: int):
-        return self.pending if step >= self.pending_from else self.current
-
-    def advance(self, step: int) -> None:
-        if step >= self.pending_from:
-            self.current = self.pending
-
-    def set(self, state, from_step: int) -> None:
-        self.current, self.pending, self.pending_from = self.at(from_step - 1), state, from_step
-
-    def to_tree(self) -> dict:
-        start = np.asarray(self.pending_from, np.int64)
-        return {"current": self.current, "pending": self.pending, "pending_from": start}
-
-    @classmethod
-    def from_tree(cls, tree: dict) -> Schedule:
-        return cls(tree["current"], tree["pending"], int(tree["pending_from"]))
+from ssmlm.train.threads import PREFETCH_DEPTH, CtrlC, Prefetcher, interruptibly
 
 
 @dataclass
@@ -126,108 +79,6 @@ class Stage:
     controller: Controller | None = None
     eval_at: Callable[[int], bool] | None = None  # more evaluation steps (Birdie's schedule: 10, 50, 250, …)
     predictions_per_row: int | None = None  # scored positions per row, for the FLOPs estimate
-
-
-class MetricsLog:
-    """metrics.jsonl, appended to row by row; each row also goes to the ``listeners``' on_record (the hooks)."""
-
-    def __init__(self, path: Path, enabled: bool = True, listeners: list | None = None):
-        self.path = path
-        self.enabled = enabled
-        self.listeners = listeners if listeners is not None else []
-
-    def rows(self) -> list[dict]:
-        """The rows written so far; a line cut short by a kill (only ever the last) is left out."""
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                out.append(row)
-        return out
-
-    def restart(self, step: int | None) -> None:
-        """Keep only the rows up to ``step``, the restored checkpoint's (None: no row), training, validation and
-        controller rows alike: the steps after it are trained (and logged) again. Written to a temporary file and
-        renamed over the log, so a kill at any moment leaves either the old log or the cut one."""
-        if not self.enabled or not self.path.exists():
-            return
-        keep = [row for row in self.rows() if step is not None and row["step"] <= step]
-        atomic_write(self.path, "".join(json.dumps(row) + "\n" for row in keep))
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        emit(self.listeners, "on_record", record)
-
-
-class Launches:
-    """RUN/launches.json: each start of the run (the step it began at, the step it reached, the seconds it trained),
-    rewritten every SAVE_EVERY_S seconds while it trains, so that a start ended by a kill is counted too."""
-
-    SAVE_EVERY_S = 2.0
-
-    def __init__(self, path: Path, start_step: int, enabled: bool):
-        self.path, self.enabled = path, enabled
-        self.past = self._read() if enabled else []
-        self.t0, self.ended = time.time(), False
-        self.this = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "start_step": start_step, "step": start_step,
-                     "seconds": 0.0}  # fmt: skip
-        self.save()
-
-    def _read(self) -> list[dict]:
-        try:
-            launches = json.loads(self.path.read_text())["launches"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
-        return [x for x in launches if isinstance(x, dict)] if isinstance(launches, list) else []
-
-    def update(self, step: int, force: bool = False) -> None:
-        if self.ended:
-            return
-        now = time.time()
-        self.this.update(step=step, seconds=round(now - self.t0, 2))
-        if force or now - self.saved_at >= self.SAVE_EVERY_S:
-            self.save()
-
-    def end(self, step: int) -> None:
-        """The launch's final entry (the first call counts: the summary's numbers are the file's)."""
-        self.update(step, force=True)
-        self.ended = True
-
-    def save(self) -> None:
-        self.saved_at = time.time()
-        if self.enabled:
-            atomic_write(self.path, json.dumps({"launches": [*self.past, self.this]}, indent=1))
-
-    def summary(self) -> dict:
-        """The run's starts so far (this one included) and the seconds they trained together."""
-        past = sum(float(x.get("seconds", 0) or 0) for x in self.past)
-        return {"launches": len(self.past) + 1, "seconds_total": round(past + self.this["seconds"], 2)}
-
-
-def make_eval_step(eval_fn: Callable, graphdef):
-    """The jitted evaluation step (params, batch) -> outputs. Build it once per run: every evaluation reuses
-    the compiled function (evaluation batches all have one shape; the last one is padded)."""
-    return jax.jit(lambda p, batch: eval_fn(nnx.merge(graphdef, p), batch))
-
-
-def evaluate_stage(stage: Stage, params, graphdef, eval_step=None) -> dict[str, float]:
-    """Run the stage's evaluation on the given parameters (with ``eval_step`` if compiled already)."""
-    if stage.eval_fn is None or stage.eval_data is None:
-        return {}
-    eval_step = eval_step or make_eval_step(stage.eval_fn, graphdef)
-    outputs, batches = [], []
-    for batch in stage.eval_data():
-        outputs.append(jax.device_get(eval_step(params, batch)))
-        batches.append(batch)
-    return stage.score(outputs, batches) if outputs else {}
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None,
@@ -295,7 +146,7 @@ class TrainState:
 
     params: Any
     opt_state: Any
-    control: Schedule | None = None  # the controller state in effect at each step (None: no controller)
+    control: ControllerTimeline | None = None  # the controller state in effect at each step (None: no controller)
     step: int = 0  # steps done
     start: int = 0  # the step this invocation started from (the restored checkpoint's, else 0)
     stop: int = 0  # the step this invocation ends at: the total, or sooner with stop_after
@@ -426,7 +277,7 @@ def _setup(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool) -> tuple[Ru
     control = None
     if stage.controller is not None:
         first = stage.controller.init_state()
-        control = Schedule(first, first, 0)
+        control = ControllerTimeline(first, first, 0)
     cfg = recipe.train
     ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
     manifest = {
@@ -486,7 +337,7 @@ def _restore(ctx: RunContext, state: TrainState) -> None:
     state.resumed, state.saved = True, {state.start}
     state.skipped_total = int(meta.get("skipped_steps", 0))
     if state.control is not None:
-        state.control = Schedule.from_tree(control_tree)
+        state.control = ControllerTimeline.from_tree(control_tree)
     state.last = {k: v for k, v in meta.get("metrics", {}).items() if isinstance(v, float)}
     state.eval_metrics = {k: v for k, v in meta.get("validation", {}).items() if isinstance(v, float)}
     state.eval_pending = bool(meta.get("evaluation_pending", False))
@@ -501,15 +352,22 @@ def _default_hooks(ctx: RunContext, bar, task, ctrl_c: CtrlC | None = None) -> l
     """The loop's own behaviours, in the order they run after every step (see ssmlm.train.hooks)."""
     stage = ctx.stage
     eval_step = make_eval_step(stage.eval_fn, ctx.graphdef) if stage.eval_fn is not None else None  # compiled once
-    evaluate = lambda params: evaluate_stage(stage, params, ctx.graphdef, eval_step)  # noqa: E731
+    evaluate = lambda params: _evaluate(stage, params, eval_step)  # noqa: E731
     progress = Progress(ctx, bar, task)
     return [
-        MetricsLogger(ctx, stage_flops(stage, ctx.recipe), peak_flops_per_second(ctx.cfg)),
+        MetricsLogger(ctx, stage_flops(stage, ctx.recipe), peak_flops_per_second(ctx.cfg.peak_flops)),
         DivergenceGuard(ctx.cfg.max_skipped_steps),
         progress,
         Evaluation(ctx, evaluate, CONTROL_LAG, run=lambda work: interruptibly(work, ctrl_c), phase=progress.phase),
         Checkpointing(ctx, phase=progress.phase),
     ]
+
+
+def _evaluate(stage: Stage, params, eval_step) -> dict[str, float]:
+    """The stage's evaluation of ``params`` through the one evaluation loop, with the run's compiled step."""
+    if eval_step is None or stage.eval_data is None:
+        return {}
+    return run_eval(stage.eval_fn, params, stage.eval_data, stage.score, eval_step=eval_step)
 
 
 def _trackers(ctx: RunContext, state: TrainState) -> list:
@@ -574,84 +432,6 @@ def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: La
     return summary
 
 
-class CtrlC:
-    """The first Ctrl-C only asks the loop to stop after the current step (it then saves a checkpoint);
-    a KeyboardInterrupt raised at an arbitrary point could land inside an asynchronous checkpoint save
-    or between a step and the assignment of its donated buffers. A second Ctrl-C interrupts at once.
-    SIGTERM (`kill`, a batch scheduler's notice before it kills the job) is taken the same way."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __enter__(self):
-        self.requested = False
-        self.previous = {}
-        # Whether Ctrl-C reaches this object: signal handlers can only be set on the main thread.
-        self.active = threading.current_thread() is threading.main_thread()
-        if self.active:
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc):
-        for sig, previous in self.previous.items():
-            signal.signal(sig, previous)
-
-
-def interruptibly(work: Callable[[], Any], ctrl_c: CtrlC | None) -> Any:
-    """``work()`` on a worker thread while this one waits in short slices: Python runs a signal handler only
-    between bytecodes of the main thread, so a Ctrl-C that lands in a compile or a long XLA call would otherwise
-    wait for it. After a Ctrl-C this raises Stopped at once and leaves the worker to finish unobserved: the
-    caller must not use its result or anything it changes."""
-    if ctrl_c is None or not ctrl_c.active:
-        return work()
-    if ctrl_c.requested:
-        raise Stopped
-    done, box = threading.Event(), {}
-
-    def target():
-        try:
-            box["result"] = work()
-        except BaseException as e:  # handed to the waiting thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name="ssmlm-interruptible", daemon=True).start()
-    while not done.wait(0.05):
-        if ctrl_c.requested:
-            raise Stopped
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-class Prefetcher:
-    """Reads the next batches on a background thread while the device computes the current one.
-
-    Batches are a pure function of the step, so prefetching never changes what is trained on.
-    """
-
-    def __init__(self, batches: Callable[[int], Any], start: int, stop: int, depth: int = PREFETCH_DEPTH):
-        self.batches, self.stop = batches, stop
-        self.pool = ThreadPoolExecutor(max_workers=1)
-        self.pending = {s: self.pool.submit(batches, s) for s in range(start, min(start + depth, stop))}
-        self.depth = depth
-
-    def next(self, step: int) -> dict:
-        fut = self.pending.pop(step, None) or self.pool.submit(self.batches, step)
-        ahead = step + self.depth
-        if ahead < self.stop and ahead not in self.pending:
-            self.pending[ahead] = self.pool.submit(self.batches, ahead)
-        return fut.result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
 def real_tokens(batch) -> int:
     """Non-padding tokens of a host batch (segment id 0 is padding; weight-0 rows count none)."""
     return int((batch.segment_ids != 0).sum())
@@ -663,17 +443,3 @@ def stage_flops(stage: Stage, recipe: Recipe) -> float:
 
     seq_len = stage.tokens_per_step // max(recipe.train.batch_size, 1)
     return flops_per_token(stage.model, recipe.model, seq_len, stage.predictions_per_row)
-
-
-# Dense bf16 peak per device (FLOP/s), for the model-FLOPs utilisation estimate.
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, "TPU v4": 275e12,
-              "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}  # fmt: skip
-
-
-def peak_flops_per_second(cfg) -> float | None:
-    """train.peak_flops if set, else the known peak of this device kind times the device count."""
-    if cfg.peak_flops:
-        return cfg.peak_flops
-    kind = jax.devices()[0].device_kind
-    per = next((v for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
-    return per * jax.device_count() if per else None
