@@ -20,19 +20,18 @@ Embeddings follow the official code: word + learned absolute position + token ty
 dropout. No dropout inside the layers. Every dense layer has a bias (the paper's equations omit them; the
 official code has them).
 
-Two departures from the official code, each an option whose `false` is the official behaviour:
+Two departures from the official code, each an option whose `false` is the official behaviour (measurements:
+docs/faithfulness.md#bigs-final-norm):
   final_norm=True: a LayerNorm after the last layer. Without it the product U1 ⊗ Flip(U2) of two linear SSM
-  read-outs lets one layer's branch grow quadratically (measured: rms 190 in layer 3 of 4 after 300 steps on
-  Austen, against ~1 in the others); the MLM head normalises, so MLM never notices, but the pooler's tanh
-  saturates and finetuning learns nothing (issue 9).
+  read-outs lets one layer's branch grow quadratically; the MLM head normalises, so MLM never notices, but the
+  pooler's tanh saturates and finetuning learns nothing.
   mask_padding=True: F and B are zeroed at padded positions before the SSMs, so padding never enters the
   convolutions and a sentence's prediction does not depend on its batch's padding.
-And one option that departs from the paper's block, off by default, on in recipes/default.yaml:
+And one option that departs from the paper's block, off by default, on in recipes/default.yaml
+(docs/faithfulness.md#bigs-gate-norm):
   gate_norm=True: U = σ(W_u LayerNorm(U1 ⊗ Flip(U2))). The final norm only hides the growth from the heads:
-  the grown branch still drowns every earlier layer's contribution to the residual stream (measured: 767 vs
-  ~1). Normalising the product removes the quadratic path: after the same 400 steps every branch stays at
-  rms 0.7-1.5, the training loss is lower (5.29 against 5.75, same data and recipe) and 6-way novel
-  identification after finetuning better (33% against 28%). 2d parameters per layer.
+  the grown branch still drowns every earlier layer's contribution to the residual stream. Normalising the
+  product removes the quadratic path. 2d parameters per layer.
 
 Differences from the official Flax code, as options of ModelConfig:
   gelu="exact" (paper, default) vs "tanh" (official layers use the tanh approximation);
@@ -188,7 +187,7 @@ def param_rules(cfg: ModelConfig) -> list[ParamRule]:
 
 
 def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
-    """Closed-form parameter count of BiGS (bigs_official.md §6.1), used by tests and dry runs."""
+    """Closed-form parameter count of BiGS (docs/faithfulness.md#bigs-param-counts), used by tests and dry runs."""
     h, i, v, n = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_ssm
     per_layer = 3 * h * i + 4 * h * h + 2 * i + 7 * h + 2 * (4 * n + 2) + (2 * h if cfg.gate_norm else 0)
     embeddings = v * h + cfg.max_seq_length * h + cfg.type_vocab_size * h + 2 * h

@@ -107,7 +107,8 @@ class ModelConfig:
     pooler: Literal["non_padding_mean", "mean", "cls"] | None = None
     # LayerNorm after the last block of a pre-norm encoder (BiGS, gated/att, gMLP/aMLP, pre-LN stacks). The
     # official BiGS code has none: its MLM head normalises, so nothing bounds the residual stream, which grows
-    # to ~1e3 and saturates the finetuning pooler's tanh (issue 9). false = the official layout.
+    # to ~1e3 and saturates the finetuning pooler's tanh (docs/faithfulness.md#bigs-final-norm). false = the
+    # official layout.
     final_norm: bool = True
     # Zero padded positions before token mixing (SSM convolutions, gMLP spatial projection), so an example's
     # prediction does not depend on its batch's padding. false = the official BiGS code / gMLP paper.
@@ -137,7 +138,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SSMFields:
-    """Fields of the families that use S4D kernels (BiGS and stack/ssm; bigs_official.md §3)."""
+    """Fields of the families that use S4D kernels (BiGS and stack/ssm; docs/faithfulness.md#bigs-s4d)."""
 
     num_ssm: int = 64  # N, states per SSM
     a_init: Literal["hippo", "lin", "inv"] = "hippo"  # S4D initialisation of A (official default: hippo)
@@ -171,7 +172,8 @@ class BiGSConfig(SSMFields, ModelConfig):
     ROUTES: ClassVar[dict[str, str]] = {"bigs": "gated / ssm", "gated_att": "gated / att"}
     ATTENTION: ClassVar[frozenset[str]] = frozenset({"gated_att"})
     # LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
-    # no layer's branch can grow quadratically and drown the residual stream (issue 9; recipes/default.yaml).
+    # no layer's branch can grow quadratically and drown the residual stream (docs/faithfulness.md#bigs-gate-norm;
+    # on in recipes/default.yaml).
     gate_norm: bool = False
     num_heads: int = 16  # gated_att: attention heads
 
@@ -205,7 +207,7 @@ class GMLPConfig(ModelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig(ModelConfig):
-    """`model:` fields of the Birdie language models (birdie_official.md §4; paper Table 7). The LM fields'
+    """`model:` fields of the Birdie language models (paper Table 7; docs/faithfulness.md#birdie-models). The LM fields'
     defaults are the paper's 1.4B Gated SSM (state 2560, …); hidden_size and num_layers keep ModelConfig's, so
     the recipes set them (lm_1b4: 2048 × 48, lm_tiny: 128 × 4). Shared fields: hidden_size = d, num_layers =
     blocks; max_seq_length is only the training length (no position table: the SSMs need none, the Transformer

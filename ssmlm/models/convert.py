@@ -2,7 +2,7 @@
 
 An official checkpoint is a Hugging Face Flax model directory: `config.json` (BiGSConfig keys) and
 `flax_model.msgpack` (the parameter tree of `FlaxBiGSForMaskedLM` or `FlaxBiGSForSequenceClassification`,
-bigs_official.md §1.8), usually with the bert-large-uncased `vocab.txt`. `map_params` maps every leaf onto
+docs/faithfulness.md#bigs-heads), usually with the bert-large-uncased `vocab.txt`. `map_params` maps every leaf onto
 our BiGS (ssmlm.models.bigs / heads); ssmlm.runs.importing writes the result as an ordinary run directory
 (recipe.yaml, run.json, tokenizer.json, an Orbax checkpoint at step 0) that `finetune`, `extend-length`,
 `evaluate` and `analyze` accept like any run of ours.
@@ -136,7 +136,7 @@ def _get(config: dict, key: str, default, kind: type):
 
 
 def model_config_from_official(config: dict) -> ModelConfig:
-    """Our ModelConfig for an official BiGSConfig (missing keys take BiGSConfig's defaults, §2)."""
+    """Our ModelConfig for an official BiGSConfig (missing keys take BiGSConfig's defaults)."""
 
     def choice(key: str, default: str, table: dict[str, str]) -> str:
         value = config.get(key) or default

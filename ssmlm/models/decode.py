@@ -1,7 +1,7 @@
 """Decoding a language model token by token: prefill the prompt once, then one recurrent step (O(1) state per
 layer for the SSMs, a KV cache for the Transformer) per generated token.
 
-A prompt is laid out as a training sample is (birdie_official.md §3.1): ``prefix`` tokens (processed
+A prompt is laid out as a training sample is (docs/faithfulness.md#birdie-layout): ``prefix`` tokens (processed
 bidirectionally by the layers that can), then ``causal`` tokens — START and whatever follows it — and the
 generated tokens continue the causal part. Sampling: greedy at temperature 0, else softmax(logits / T)
 restricted to the top-k tokens and to the smallest set whose probability reaches top-p.

@@ -1,4 +1,4 @@
-"""The Gated SSM of the Birdie paper (3.4, A.16.1; birdie_official.md §4.2) and Gated SSM+.
+"""The Gated SSM of the Birdie paper (3.4, A.16.1; docs/faithfulness.md#birdie-models) and Gated SSM+.
 
 Gated SSM, one fused block (SSM and MLP in one, as in GSS/Mamba: no separate MLP), with u = RMSNorm(x):
 

@@ -1,5 +1,5 @@
-"""Hawk (De et al., Griffin paper) as trained in Birdie (2.1, A.16.2; birdie_official.md §4.3): a recurrent block
-built on the RG-LRU, then a gated MLP block.
+"""Hawk (De et al., Griffin paper) as trained in Birdie (2.1, A.16.2; docs/faithfulness.md#birdie-models): a
+recurrent block built on the RG-LRU, then a gated MLP block.
 
 Recurrent block, with u = RMSNorm(x) and N the state width:
 

@@ -1,4 +1,4 @@
-"""Task heads shared by every encoder (BiGS official code, bigs_official.md §1.8).
+"""Task heads shared by every encoder (the official BiGS code, docs/faithfulness.md#bigs-heads).
 
 MLM head: transform = Dense(d→d) → exact GELU → LayerNorm, then logits = h · E_wordᵀ + b (tied decoder).
 Pooler: the first ([CLS]) token, or the mean over non-padding positions (or over all), then Dense(d→d), tanh;

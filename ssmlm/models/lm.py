@@ -1,5 +1,5 @@
-"""The Birdie language models (birdie_official.md §4): one family module for gated_ssm, gated_ssm_plus, hawk
-and transformer_lm, which differ only in their block.
+"""The Birdie language models (docs/faithfulness.md#birdie-models): one family module for gated_ssm,
+gated_ssm_plus, hawk and transformer_lm, which differ only in their block.
 
     h_0 = Embed(tokens)                                  V × d, N(0, initializer_range²)
     h_ℓ = Block_ℓ(h_{ℓ−1}, ctx)                          residual inside the block
@@ -22,9 +22,8 @@ Blocks run in a Python loop: ``cfg.scan_layers`` is not used by the LMs yet (cor
 applied to the embeddings only. The tied head is Embedᵀ without v1's 1/√d logit scale.
 
 Dense layers and RMSNorms come from ssmlm.models.layers, shared with the Transformer LM, so every LM normalises
-the same way: statistics, rsqrt and scale in float32, cast to the compute dtype at the end. Until the toolkit was
-unified the recurrent LMs used flax's nnx.RMSNorm, which (float32 statistics too) rounds the scale and the input
-to the compute dtype first: float32 outputs agree to 1e-6, bfloat16 ones (float32 parameters) within one bf16 ulp.
+the same way: statistics, rsqrt and scale in float32, cast to the compute dtype at the end (flax's nnx.RMSNorm
+rounds the scale and the input to the compute dtype first; docs/faithfulness.md#birdie-departures).
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def block_class(arch: str):
 
 def layer_is_bidirectional(cfg: LMConfig, layer: int) -> bool:
     """The recurrences split their state in every other layer (paper Table 7); the Transformer is a prefix LM
-    in every layer (notes §4.5), unless ``bidirectional`` is none."""
+    in every layer (docs/faithfulness.md#birdie-scan), unless ``bidirectional`` is none."""
     if cfg.arch == "transformer_lm":
         return cfg.bidirectional != "none"
     return cfg.bidirectional == "all" or (cfg.bidirectional == "alternate" and layer % 2 == 0)
@@ -102,7 +101,7 @@ class CausalConv1D(nnx.Module):
 
     A tap whose source position belongs to another sample (different segment id) or lies before the row
     contributes 0, so a packed sample never sees its neighbour's tail. The paper instead leaves width−1 pad
-    tokens between samples (A.11, notes §3.5); that is a data option and gives the same values."""
+    tokens between samples (A.11); that is a data option and gives the same values."""
 
     def __init__(self, cfg: LMConfig, channels: int, *, features: int | None = None, rngs: nnx.Rngs):
         self.width = cfg.conv_width

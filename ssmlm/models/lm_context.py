@@ -1,10 +1,10 @@
 """What every language-model block needs to know about a packed row, derived once per forward pass.
 
-A row holds samples laid out as ``[prefix…, START, y_1 … y_{M-1}]`` (birdie_official.md §3.1):
+A row holds samples laid out as ``[prefix…, START, y_1 … y_{M-1}]`` (docs/faithfulness.md#birdie-layout):
 ``segment_ids`` numbers the samples (0 = padding), ``token_types`` is 1 on the bidirectional prefix (3 on
 the causal part, 0 on padding), ``positions`` counts within each sample. Two boolean reset masks are derived
-from them rather than read from one 3-valued mask (§3.3), because a token can be both a sample's first and
-causal (a sample with an empty prefix):
+from them rather than read from one 3-valued mask (docs/faithfulness.md#birdie-scan), because a token can be
+both a sample's first and causal (a sample with an empty prefix):
 
     fwd_reset[t] = t == 0 or segment[t] != segment[t-1]          the forward state starts afresh
     rev_reset[t] = not prefix[t] or segment[t+1] != segment[t]    the reverse (right-to-left) state starts afresh

@@ -1,4 +1,4 @@
-"""Birdie's reward model (critic), v1 = paper (birdie_official.md §2.3; paper 3.3).
+"""Birdie's reward model (critic), v1 = paper (paper 3.3; docs/faithfulness.md#birdie-controller).
 
 A sequence model over evaluation steps. Row t is [loss vector ℓ_t (n) ‖ action a_t (n)] (v1's loss-first order);
 the output at t is the predicted per-configuration reward r̂_t ∈ ℝⁿ of taking a_t at losses ℓ_t:

@@ -1,4 +1,4 @@
-"""Linear recurrences h_t = f_t ⊙ h_{t−1} + x_t for the Birdie language models (birdie_official.md §3.3, §4.6).
+"""Linear recurrences h_t = f_t ⊙ h_{t−1} + x_t for the Birdie language models (docs/faithfulness.md#birdie-scan).
 
 The whole-sequence form has two implementations of one function (``impl``, model.scan_impl):
 

@@ -1,5 +1,5 @@
-"""The Birdie paper's Transformer baseline block: a pre-norm prefix-LM Transformer (birdie_official.md §3.4,
-§4.5; Table 7: 16 heads × 128, MLP expansion 8/3, RoPE base 250 000).
+"""The Birdie paper's Transformer baseline block: a pre-norm prefix-LM Transformer
+(Table 7: 16 heads × 128, MLP expansion 8/3, RoPE base 250 000; docs/faithfulness.md#birdie-models).
 
 One block, with x (L × d) the residual stream of a packed row, H heads of size d_h = d/H:
 
@@ -10,7 +10,8 @@ One block, with x (L × d) the residual stream of a packed row, H heads of size 
     x    = x + a
     x    = x + W_down(silu(W_gate h') ⊙ W_up h'),   h' = RMSNorm(x),   W_gate, W_up: d → round(8/3 · d)
 
-The attention bias is 0 where allowed and ssmlm.models.layers.MASK_VALUE elsewhere, with (prefix-LM, §3.4)
+The attention bias is 0 where allowed and ssmlm.models.layers.MASK_VALUE elsewhere, with (prefix-LM,
+docs/faithfulness.md#birdie-scan)
 
     allowed(q, k) = [(prefix_q ∧ prefix_k) ∨ k ≤ q] ∧ segment_q = segment_k ∧ segment_k ≠ 0
 
