@@ -150,7 +150,7 @@ RELATIONS: list[Relation] = [
     ),
     Relation(
         ("model.intermediate_size", "model.sgu"),
-        lambda r: r.model.arch in ("gmlp", "amlp") and r.model.sgu == "split_multiplicative",
+        lambda r: getattr(r.model, "sgu", None) == "split_multiplicative",  # a family with the field (gMLP's)
         lambda r: r.model.intermediate_size % 2 == 0,
         lambda r: "an even number (model.sgu = 'split_multiplicative' halves it)",
     ),

@@ -40,6 +40,7 @@ import typer
 
 from ssmlm import checks
 from ssmlm.errors import UserError
+from ssmlm.models.config import FAMILIES, facts
 
 NAME = "flops"
 FIGURE = "BiGS Table 6"
@@ -53,7 +54,13 @@ PAPER_TABLE6 = {
 }
 # The configurations Table 6's numbers fit (see the module docstring): (hidden_size, num_layers, intermediate_size)
 PAPER_CONFIGS = {"BiGS": (1024, 23, 3072), "BERT": (1024, 24, 4096)}
-COLUMN = {"bigs": "BiGS", "gated_att": "BiGS", "stack_ssm": "BiGS", "bert": "BERT"}  # arch -> Table 6 column
+
+
+def table6_columns() -> dict[str, str]:
+    """arch -> the Table 6 column its family declares (ssmlm.models.config.ArchFacts.table6), in FAMILIES order."""
+    return {arch: facts(arch).table6 for arch in FAMILIES if facts(arch).table6}
+
+
 COLUMNS = ("model", "arch", "length", "predictions", "analytic_train_flops", "xla_train_flops",
            "xla_over_analytic", "analytic_forward_flops", "paper_flops", "train_over_paper", "forward_over_paper",
            "paper_config", "size")  # fmt: skip
@@ -94,12 +101,12 @@ def command(
         from ssmlm.runs import open_run
 
         run = open_run(ckpt)
-        arch = run.recipe.model.arch
-        if arch not in COLUMN:
+        arch, column = run.recipe.model.arch, table6_columns()
+        if arch not in column:
             raise UserError(
-                f"--ckpt {ckpt}: architecture '{arch}' is neither BiGS-family nor BERT ({', '.join(COLUMN)})"
+                f"--ckpt {ckpt}: architecture '{arch}' is neither BiGS-family nor BERT ({', '.join(column)})"
             )
-        models[COLUMN[arch]] = model_config(run.recipe)
+        models[column[arch]] = model_config(run.recipe)
     result = analyze_flops(models, parsed, out_dir, xla=xla)
     return result  # printed by the CLI: tables, or JSON with --json
 
@@ -130,7 +137,7 @@ class Counted:
 def model_config(recipe) -> Counted:
     """The model (and masking) of a recipe or run, with vocab_size from data.vocab_size when unset."""
     cfg = recipe.model
-    if COLUMN.get(cfg.arch) is None:
+    if facts(cfg.arch).table6 is None:
         raise UserError(f"model.arch = {cfg.arch!r}: `analyze flops` counts BiGS-family and BERT models")
     if cfg.vocab_size is None:
         cfg = dataclasses.replace(cfg, vocab_size=recipe.data.vocab_size)
@@ -387,12 +394,12 @@ def for_report(run, out_dir: Path) -> dict | None:
     (each XLA count compiles the model twice; the command counts every length). Beside the paper's numbers
     only when the model has the paper's size; otherwise normalised (see plot_flops)."""
     arch = run.recipe.model.arch
-    if arch not in COLUMN:
+    column = facts(arch).table6
+    if column is None:
         return None
-    models = {COLUMN[arch]: model_config(run.recipe)}
+    models = {column: model_config(run.recipe)}
     own = run.recipe.model.max_seq_length
     result = analyze_flops(models, sorted({*REPORT_LENGTHS, own}), out_dir, xla={own})
-    column = COLUMN[arch]
     cfg = models[column].cfg
     same = is_paper_config(column, cfg)
     paper = paper_size(column)

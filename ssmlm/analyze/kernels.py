@@ -18,11 +18,11 @@ import typer
 
 from ssmlm import checks
 from ssmlm.errors import UserError
+from ssmlm.models.config import facts
 
 NAME = "kernels"
 FIGURE = "BiGS Figure 3"
 FIGURE_COMPARE = "BiGS Figure 4"
-SSM_ARCHS = ("bigs", "stack_ssm")  # the archs whose layers have S4D kernels (gated/ssm and stack/ssm)
 PAPER_LAYERS = (14, 17, 18)  # the layers of the 23-layer BiGS the paper's Figure 4 shows
 
 
@@ -82,7 +82,7 @@ def run_kernels(run, length: int | None = None):
     import numpy as np
     from flax import nnx
 
-    if run.recipe.model.arch not in SSM_ARCHS:
+    if not facts(run.recipe.model.arch).ssm_kernels:
         raise UserError(f"{run.dir}: architecture '{run.recipe.model.arch}' has no SSM kernels to plot")
     model, meta = run.load_model()
     length = length or run.recipe.model.max_seq_length
@@ -293,7 +293,7 @@ def plot_kernel_compare(rows: dict, change: dict, labels: tuple[str, str], title
 def for_report(run, out_dir: Path) -> dict | None:
     """Figure 3 for a BiGS-family run (arch bigs or stack_ssm), plus Figure 4 for a finetuned run whose
     pretrained source run is still on disk; None for every other architecture (no model is loaded)."""
-    if run.recipe.model.arch not in SSM_ARCHS:
+    if not facts(run.recipe.model.arch).ssm_kernels:
         return None
     result = analyze_kernels(run, out_dir)
     report = {

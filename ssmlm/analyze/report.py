@@ -126,7 +126,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, quiet: bool = True) -> dic
 
 def _overview(runs, names, across: dict, out_dir: Path, progress) -> tuple[str, dict]:
     """The top of a page of several runs: one row per run, then the figures that need several runs."""
-    from ssmlm.analyze.run_summary import FAMILY_NAMES, facts, human
+    from ssmlm.analyze.run_summary import facts, family_name, human
 
     step, done = progress
     rows = []
@@ -134,7 +134,7 @@ def _overview(runs, names, across: dict, out_dir: Path, progress) -> tuple[str, 
         f = facts(run)
         loss = next((v for k, v in f["headline"] if k.startswith("training loss")), None)
         arch = run.recipe.model.arch
-        model = FAMILY_NAMES.get(arch, arch) + (f", {human(f['params']['total'])} parameters" if f["params"] else "")
+        model = family_name(arch) + (f", {human(f['params']['total'])} parameters" if f["params"] else "")
         rows.append([name, model, f.get("objective") or f.get("task"), f["steps"], f["tokens"].split(" (")[0],
                      f.get("wall time", "–"), round(loss, 4) if loss is not None else "–"])  # fmt: skip
     parts = ["<section id='runs'><h2 data-part='runs'>Runs compared</h2>",

@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-FAMILY_NAMES = {
-    "bigs": "BiGS", "gated_att": "BiGS gated attention (ablation)", "stack_ssm": "stacked SSM (BiGS ablation)",
-    "bert": "BERT", "gmlp": "gMLP", "amlp": "aMLP", "gated_ssm": "gated SSM (Birdie)",
-    "gated_ssm_plus": "gated SSM+ (Birdie)", "hawk": "Hawk (Birdie)", "transformer_lm": "Transformer LM (Birdie)",
-}  # fmt: skip
+
+def family_name(arch: str) -> str:
+    """The model family's name in reports, as its module declares it (the arch itself if it declares none)."""
+    from ssmlm.models.config import facts as arch_facts
+
+    return arch_facts(arch).name
+
+
 # validation entries that count rather than measure (left out of the headline numbers)
 COUNTS = ("target_tokens", "masked_tokens", "samples", "examples", "numbers", "books")
 
@@ -83,7 +86,7 @@ def param_counts(run) -> dict | None:
 
 def model_line(run, counts: dict | None) -> str:
     cfg = run.recipe.model
-    family = FAMILY_NAMES.get(cfg.arch, cfg.arch)
+    family = family_name(cfg.arch)
     size = ""
     if counts:
         size = f"{human(counts['total'])} parameters ({human(counts['non_embedding'])} without embeddings), "
@@ -190,7 +193,7 @@ def lead(run, counts: dict | None, length: dict) -> str:
     """One sentence: what was trained, how, on what and for how long."""
     cfg = run.recipe.model
     size = f"{human(counts['total'])}-parameter " if counts else ""
-    what = f"A {size}{FAMILY_NAMES.get(cfg.arch, cfg.arch)}, {cfg.num_layers} layers × d {cfg.hidden_size}"
+    what = f"A {size}{family_name(cfg.arch)}, {cfg.num_layers} layers × d {cfg.hidden_size}"
     if run.kind == "finetune":
         how = objective_line(run)
     else:

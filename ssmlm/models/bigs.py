@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models import s4d
-from ssmlm.models.config import BiGSConfig, ModelConfig
+from ssmlm.models.config import ArchFacts, BiGSConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, dropout, gelu, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
 
@@ -203,6 +203,10 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
 
 Config = BiGSConfig  # this family's `model:` fields (ssmlm.models.config)
 MODELS = {"bigs": BiGSEncoder, "gated_att": GatedAttentionEncoder}
+ARCHS = {  # what the reports and analyses ask of each arch (ssmlm.models.config.ArchFacts)
+    "bigs": ArchFacts(name="BiGS", ssm_kernels=True, table6="BiGS"),
+    "gated_att": ArchFacts(name="BiGS gated attention (ablation)", table6="BiGS", pad_blind=True),
+}
 
 
 def mixing_flops(cfg: BiGSConfig, seq_len: int) -> float:

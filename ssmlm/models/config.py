@@ -9,11 +9,13 @@ family that has it.
 
 A family is one module plus one registry line in FAMILIES. The module has ``Config`` (its config class, a
 ModelConfig subclass), ``MODELS`` (arch -> model class: an encoder, or a language model), ``mixing_flops``
-and ``param_rules``; the config class declares what the rest of ssmlm needs to know about the family (class
+and ``param_rules``, and may declare ``ARCHS`` (arch -> ArchFacts: its name in reports, S4D kernels, its
+Table 6 column, padding). The config class declares what recipe checking needs to know without jax (class
 variables, below: whether it is a language model, its finetuning pooler, its paper's "arch / route" label,
-which of its archs have attention heads). The shipped families' config classes are also listed here in
-CONFIGS, so that reading and checking a recipe never imports jax; a family not listed there is imported when
-its arch is first named.
+which of its archs have attention heads). Each Birdie LM block is such a module too, its config class the
+shared LMConfig and its ARCHS ssmlm.models.lm.LMBlock declarations. The shipped families' config classes are
+also listed here in CONFIGS, so that reading and checking a recipe never imports jax (a test holds CONFIGS to
+the modules' own ``Config``); a family not listed there is imported when its arch is first named.
 
 RANGES, at the end, holds the allowed values of the section's fields (ssmlm.checks applies it to a recipe).
 """
@@ -35,10 +37,11 @@ FAMILIES = {
     "bert": "ssmlm.models.stack",  # stack/att
     "gmlp": "ssmlm.models.gmlp",  # "Pay Attention to MLPs"
     "amlp": "ssmlm.models.gmlp",  # gMLP + one tiny attention head
-    "gated_ssm": "ssmlm.models.lm",  # Birdie: fused Gated SSM (paper §3.4, A.16.1)
-    "gated_ssm_plus": "ssmlm.models.lm",  # Birdie: Gated SSM+ (paper App. E.2: Conv1D, gated z, separate MLP)
-    "hawk": "ssmlm.models.lm",  # Birdie: Hawk / RG-LRU (Griffin)
-    "transformer_lm": "ssmlm.models.lm",  # Birdie: prefix-LM Transformer baseline
+    # Birdie's language models: one module per block, each a family module of ssmlm.models.lm's LanguageModel
+    "gated_ssm": "ssmlm.models.gated_ssm",  # Birdie: fused Gated SSM (paper §3.4, A.16.1)
+    "gated_ssm_plus": "ssmlm.models.gated_ssm",  # Birdie: Gated SSM+ (paper App. E.2: Conv1D, gated z, separate MLP)
+    "hawk": "ssmlm.models.hawk",  # Birdie: Hawk / RG-LRU (Griffin)
+    "transformer_lm": "ssmlm.models.transformer_lm",  # Birdie: prefix-LM Transformer baseline
 }
 
 
@@ -55,6 +58,25 @@ def config_class(arch: str) -> type[ModelConfig]:
 def is_lm(arch: str) -> bool:
     """A language model (Birdie's families) rather than an encoder: the one place this is decided."""
     return config_class(arch).LANGUAGE_MODEL
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchFacts:
+    """What the reports, analyses and task checks ask of one arch, declared by its family module in ``ARCHS``
+    (arch -> ArchFacts; ssmlm.models.lm.LMBlock for a Birdie block). An arch its module does not list there
+    gets these defaults, named by its arch."""
+
+    name: str  # the family's name in reports ("BiGS", "Hawk (Birdie)")
+    ssm_kernels: bool = False  # its layers have S4D kernels (analyze kernels plots them)
+    table6: str | None = None  # the BiGS paper's Table 6 column its FLOPs are compared with (analyze flops)
+    # its token mixing never sees padding, even with model.mask_padding false (attention masks padded keys)
+    pad_blind: bool = False
+
+
+def facts(arch: str) -> ArchFacts:
+    """The declared facts of ``arch`` (imports its family module; an unknown arch gets the defaults)."""
+    found = getattr(family(arch), "ARCHS", {}).get(arch) if arch in FAMILIES else None
+    return found or ArchFacts(name=arch)
 
 
 def lm_archs() -> list[str]:
@@ -213,7 +235,8 @@ class LMConfig(ModelConfig):
     blocks; max_seq_length is only the training length (no position table: the SSMs need none, the Transformer
     uses RoPE)."""
 
-    arch: Literal["gated_ssm", "gated_ssm_plus", "hawk", "transformer_lm"] = "gated_ssm"
+    # any arch whose FAMILIES module is a Birdie block (the recipe checks the name against FAMILIES)
+    arch: str = "gated_ssm"
     LANGUAGE_MODEL: ClassVar[bool] = True
     ATTENTION: ClassVar[frozenset[str]] = frozenset({"transformer_lm"})
     state_size: int = 2560  # N, the recurrence width of the SSMs
@@ -249,7 +272,9 @@ CONFIGS = {
     "ssmlm.models.bigs": BiGSConfig,
     "ssmlm.models.stack": StackConfig,
     "ssmlm.models.gmlp": GMLPConfig,
-    "ssmlm.models.lm": LMConfig,
+    "ssmlm.models.gated_ssm": LMConfig,
+    "ssmlm.models.hawk": LMConfig,
+    "ssmlm.models.transformer_lm": LMConfig,
 }
 
 

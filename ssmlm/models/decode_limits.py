@@ -21,7 +21,6 @@ from ssmlm.models.config import FAMILIES, ModelConfig, config_class, fields_of, 
 LENGTH_FACTOR = 64
 CACHE_SHARE = 0.5  # of the free memory, at most, for the KV cache
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-KV_CACHE_ARCHS = frozenset({"transformer_lm"})
 
 
 def lm_config_of(model: dict[str, Any]) -> ModelConfig | None:
@@ -35,7 +34,7 @@ def lm_config_of(model: dict[str, Any]) -> ModelConfig | None:
 
 def cache_bytes_per_token(cfg: ModelConfig) -> int:
     """Bytes of decoding state each token adds: keys and values of every layer for the Transformer, else 0."""
-    if cfg.arch not in KV_CACHE_ARCHS:
+    if cfg.arch not in type(cfg).ATTENTION:  # a language model with attention heads keeps a KV cache
         return 0
     return 2 * cfg.num_layers * cfg.hidden_size * DTYPE_BYTES.get(cfg.compute_dtype, 4)
 

@@ -47,7 +47,22 @@ from flax import nnx
 
 from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, gelu
-from ssmlm.models.lm import CausalConv1D, GatedMLP, at_last, linear, prompt_lengths, rms_norm
+from ssmlm.models.lm import (  # noqa: F401  the family interface
+    CausalConv1D,
+    Config,
+    GatedMLP,
+    LanguageModel,
+    LMBlock,
+    at_last,
+    linear,
+    mixing_flops,
+    mlp_params,
+    mlp_text,
+    param_rules,
+    prompt_lengths,
+    recurrence_flops,
+    rms_norm,
+)
 from ssmlm.models.lm_context import Context
 from ssmlm.models.scan import bidirectional_scan, bidirectional_step, halves
 
@@ -149,3 +164,38 @@ class GatedSSMPlusBlock(nnx.Module):
         h = bidirectional_step(f, z, cache["h"], self.bidirectional)
         y = x + self.w_out(o * h.astype(o.dtype))
         return self.mlp(y), {"h": h, "conv": tail}
+
+
+def gated_ssm_params(cfg: LMConfig) -> int:
+    """norm, W_i W_z W_o W_f (d→N, bias), W_out (N→d, bias)."""
+    d, n = cfg.hidden_size, cfg.state_size
+    return d + 5 * d * n + 4 * n + d
+
+
+def gated_ssm_plus_params(cfg: LMConfig) -> int:
+    """norm, W_out_gate (d→N), conv, W_f W_z W_z_gate (c→N), W_out (N→d), MLP."""
+    d, n, w = cfg.hidden_size, cfg.state_size, cfg.conv_width
+    c, conv = (d, w * d + d) if cfg.plus_conv == "depthwise" else (n, w * d * n + n)
+    return d + (d * n + n) + conv + 3 * (c * n + n) + (n * d + d) + mlp_params(cfg)
+
+
+W_F = r"(^|/)w_f/(kernel|bias)$"  # the forget gate W_f: no weight decay on the recurrence's decay (paper A.8)
+ARCHS = {
+    "gated_ssm": LMBlock(
+        name="gated SSM (Birdie)",
+        block=GatedSSMBlock,
+        per_layer_params=gated_ssm_params,
+        mixing_flops=recurrence_flops,
+        no_decay=W_F,
+        describe=lambda cfg: [f"state={cfg.state_size}", "fused, no MLP"],
+    ),
+    "gated_ssm_plus": LMBlock(
+        name="gated SSM+ (Birdie)",
+        block=GatedSSMPlusBlock,
+        per_layer_params=gated_ssm_plus_params,
+        mixing_flops=recurrence_flops,
+        no_decay=W_F,
+        describe=lambda cfg: [f"state={cfg.state_size}", f"conv {cfg.conv_width} {cfg.plus_conv}", mlp_text(cfg)],
+    ),
+}
+MODELS = dict.fromkeys(ARCHS, LanguageModel)

@@ -80,7 +80,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ssmlm.models import layout
-from ssmlm.models.config import GMLPConfig, ModelConfig
+from ssmlm.models.config import ArchFacts, GMLPConfig, ModelConfig
 from ssmlm.models.layers import DTYPES, Encoder, MultiHeadAttention, dense, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules
 
@@ -285,6 +285,7 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
 
 Config = GMLPConfig  # this family's `model:` fields (ssmlm.models.config)
 MODELS = {"gmlp": GMLPEncoder, "amlp": GMLPEncoder}
+ARCHS = {"gmlp": ArchFacts(name="gMLP"), "amlp": ArchFacts(name="aMLP")}  # ssmlm.models.config.ArchFacts
 
 
 def mixing_flops(cfg: GMLPConfig, seq_len: int) -> float:

@@ -43,7 +43,22 @@ from flax import nnx
 
 from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, gelu
-from ssmlm.models.lm import CausalConv1D, GatedMLP, at_last, linear, prompt_lengths, rms_norm
+from ssmlm.models.lm import (  # noqa: F401  the family interface
+    CausalConv1D,
+    Config,
+    GatedMLP,
+    LanguageModel,
+    LMBlock,
+    at_last,
+    linear,
+    mixing_flops,
+    mlp_params,
+    mlp_text,
+    param_rules,
+    prompt_lengths,
+    recurrence_flops,
+    rms_norm,
+)
 from ssmlm.models.lm_context import Context
 from ssmlm.models.scan import bidirectional_scan, bidirectional_step, channel_resets, halves, step_resets
 
@@ -150,3 +165,28 @@ class HawkBlock(nnx.Module):
         h = bidirectional_step(a, b, cache["h"], self.bidirectional)
         y = x + self.w_output(g * h.astype(g.dtype))
         return self.mlp(y), {"h": h, "conv": tail}
+
+
+def hawk_params(cfg: LMConfig) -> int:
+    """norm, W_gate W_input W_output (no bias), conv, W_a W_x (N→N, bias), Λ, MLP."""
+    d, n, w = cfg.hidden_size, cfg.state_size, cfg.conv_width
+    return d + 3 * d * n + w * n + n + 2 * (n * n + n) + n + mlp_params(cfg)
+
+
+# the RG-LRU's parameters (Λ, W_a, W_x) keep out of weight decay (A.8)
+ARCHS = {
+    "hawk": LMBlock(
+        name="Hawk (Birdie)",
+        block=HawkBlock,
+        per_layer_params=hawk_params,
+        mixing_flops=recurrence_flops,
+        no_decay=r"(^|/)rg_lru/",
+        describe=lambda cfg: [
+            f"state={cfg.state_size}",
+            f"conv {cfg.conv_width}",
+            mlp_text(cfg),
+            f"Λ init {cfg.rg_lru_init}",
+        ],
+    )
+}
+MODELS = dict.fromkeys(ARCHS, LanguageModel)

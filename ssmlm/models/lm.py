@@ -1,5 +1,5 @@
-"""The Birdie language models (docs/faithfulness.md#birdie-models): one family module for gated_ssm,
-gated_ssm_plus, hawk and transformer_lm, which differ only in their block.
+"""The Birdie language models (docs/faithfulness.md#birdie-models): one model for gated_ssm, gated_ssm_plus,
+hawk and transformer_lm, which differ only in their block, each declared by its own module.
 
     h_0 = Embed(tokens)                                  V × d, N(0, initializer_range²)
     h_ℓ = Block_ℓ(h_{ℓ−1}, ctx)                          residual inside the block
@@ -16,7 +16,10 @@ Every block has the interface
     block.prefill(x, ctx, cache)          a prompt, one sample per row, padding (segment 0) only after it
                                           -> (x, cache after the prompt's last real token)
     block.step(x, cache, pos)             one causal token (B, d) at positions pos (B,) -> (x, cache)
-and is found by name in BLOCKS, imported on use (so one block's module never needs another's).
+A block's module is the family module of its archs (one line in ssmlm.models.config.FAMILIES names it): it
+declares each arch once in ``ARCHS`` (arch -> LMBlock: the block class, its name in reports, its parameter
+count, its FLOPs, its parameters kept out of weight decay, its bidirectional layers) and re-exports the shared
+family interface below (``Config``, ``mixing_flops``, ``param_rules``), so one block's module never needs another's.
 
 Blocks run in a Python loop: ``cfg.scan_layers`` is not used by the LMs yet (correctness first). Dropout is
 applied to the embeddings only. The tied head is Embedᵀ without v1's 1/√d logit scale.
@@ -28,34 +31,52 @@ rounds the scale and the input to the compute dtype first; docs/faithfulness.md#
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.config import LMConfig
+from ssmlm.models.config import FAMILIES, ArchFacts, LMConfig, family
 from ssmlm.models.layers import DTYPES, RMSNorm, dense, dropout, fold, gelu
 from ssmlm.models.lm_context import Context, make_context
 from ssmlm.models.rules import ParamRule, common_rules
 
-BLOCKS = {
-    "gated_ssm": "ssmlm.models.gated_ssm:GatedSSMBlock",
-    "gated_ssm_plus": "ssmlm.models.gated_ssm:GatedSSMPlusBlock",
-    "hawk": "ssmlm.models.hawk:HawkBlock",
-    "transformer_lm": "ssmlm.models.transformer_lm:TransformerBlock",
-}
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMBlock(ArchFacts):
+    """One Birdie LM arch, as its block's module declares it in ``ARCHS``: everything the rest of ssmlm asks of it."""
+
+    block: type  # Block(cfg, bidirectional, *, rngs), the interface of the module docstring
+    per_layer_params: Callable[[LMConfig], int]  # closed-form parameters of one block (param_count_formula)
+    mixing_flops: Callable[[LMConfig, int], float]  # training FLOPs per token beyond 6 per dense parameter
+    no_decay: str | None = None  # regex of the parameters kept out of weight decay (the "recurrence" group)
+    prefix_every_layer: bool = False  # a bidirectional prefix in every layer (attention), not every other one
+    describe: Callable[[LMConfig], list[str]] = lambda cfg: []  # its width, in the dry run's model line
+
+
+def mlp_text(cfg: LMConfig) -> str:
+    """The separate gated MLP's width, as the dry run describes it."""
+    return f"mlp {cfg.mlp_expansion:.3g}x"
+
+
+def block_spec(arch: str) -> LMBlock:
+    """The declaration of an LM arch (ValueError for an arch that is not a Birdie LM block)."""
+    spec = getattr(family(arch), "ARCHS", {}).get(arch) if arch in FAMILIES else None
+    if not isinstance(spec, LMBlock):
+        raise ValueError(f"unknown LM arch {arch!r}")
+    return spec
 
 
 def block_class(arch: str):
-    module, name = BLOCKS[arch].split(":")
-    return getattr(importlib.import_module(module), name)
+    return block_spec(arch).block
 
 
 def layer_is_bidirectional(cfg: LMConfig, layer: int) -> bool:
     """The recurrences split their state in every other layer (paper Table 7); the Transformer is a prefix LM
     in every layer (docs/faithfulness.md#birdie-scan), unless ``bidirectional`` is none."""
-    if cfg.arch == "transformer_lm":
+    if block_spec(cfg.arch).prefix_every_layer:
         return cfg.bidirectional != "none"
     return cfg.bidirectional == "all" or (cfg.bidirectional == "alternate" and layer % 2 == 0)
 
@@ -223,52 +244,45 @@ class LanguageModel(nnx.Module):
         return self.logits(h), {"pos": pos + 1, "layers": layers}
 
 
-# ---- what ssmlm.models.config expects of a family module ----
+# ---- the family interface every block module re-exports (ssmlm.models.config) ----
 
 Config = LMConfig
-MODELS = {arch: LanguageModel for arch in BLOCKS}
 
 
 def mixing_flops(cfg: LMConfig, seq_len: int) -> float:
-    """Training FLOPs per token beyond 6 per dense parameter (ssmlm.models.flops), roughly: attention's scores
-    and mixing, 12·L·d per layer (forward + backward); a recurrence's elementwise gates and scan, ≈10 per state
-    element per layer (a few multiply-adds forward, twice that backward)."""
-    if cfg.arch == "transformer_lm":
-        return 12.0 * seq_len * cfg.hidden_size * cfg.num_layers
+    """Training FLOPs per token beyond 6 per dense parameter (ssmlm.models.flops): the block's declaration's."""
+    return block_spec(cfg.arch).mixing_flops(cfg, seq_len)
+
+
+def attention_flops(cfg: LMConfig, seq_len: int) -> float:
+    """Attention's scores and mixing, roughly: 12·L·d per layer (forward + backward)."""
+    return 12.0 * seq_len * cfg.hidden_size * cfg.num_layers
+
+
+def recurrence_flops(cfg: LMConfig, seq_len: int) -> float:
+    """A recurrence's elementwise gates and scan, roughly: ≈10 per state element per layer (a few multiply-adds
+    forward, twice that backward)."""
     return 10.0 * cfg.state_size * cfg.num_layers
 
 
-# no decay on the recurrence's decay parameters: the SSMs' W_f (paper A.8) and Hawk's RG-LRU (Λ, W_a, W_x)
-RECURRENCE_NO_DECAY = {
-    "gated_ssm": r"(^|/)w_f/(kernel|bias)$",
-    "gated_ssm_plus": r"(^|/)w_f/(kernel|bias)$",
-    "hawk": r"(^|/)rg_lru/",
-}
-
-
 def param_rules(cfg: LMConfig) -> list[ParamRule]:
-    """Optimizer rules (ssmlm.models.rules): the recurrence's gate/decay parameters undecayed, then no decay on
-    biases and norm scales, then everything else."""
-    pattern = RECURRENCE_NO_DECAY.get(cfg.arch)
+    """Optimizer rules (ssmlm.models.rules): the recurrence's gate/decay parameters undecayed (the block's
+    ``no_decay``), then no decay on biases and norm scales, then everything else."""
+    pattern = block_spec(cfg.arch).no_decay
     own = [ParamRule(pattern, weight_decay=False, name="recurrence")] if pattern else []
     return own + common_rules()
 
 
+def mlp_params(cfg: LMConfig) -> int:
+    """Parameters of a GatedMLP: norm scale, W_gate, W_up, W_down."""
+    d = cfg.hidden_size
+    return d + 3 * d * mlp_width(cfg)
+
+
 def param_count_formula(cfg: LMConfig) -> dict[str, int]:
     """Closed-form parameter counts of every LM arch (a test holds each to its module's count)."""
-    d, n, v, w, m = cfg.hidden_size, cfg.state_size, cfg.vocab_size, cfg.conv_width, mlp_width(cfg)
-    mlp = d + 3 * d * m  # norm scale, W_gate, W_up, W_down
-    if cfg.arch == "gated_ssm":  # norm, W_i W_z W_o W_f (d→N, bias), W_out (N→d, bias)
-        per_layer = d + 5 * d * n + 4 * n + d
-    elif cfg.arch == "gated_ssm_plus":  # norm, W_out_gate (d→N), conv, W_f W_z W_z_gate (c→N), W_out (N→d), MLP
-        c, conv = (d, w * d + d) if cfg.plus_conv == "depthwise" else (n, w * d * n + n)
-        per_layer = d + (d * n + n) + conv + 3 * (c * n + n) + (n * d + d) + mlp
-    elif cfg.arch == "hawk":  # norm, W_gate W_input W_output (no bias), conv, W_a W_x (N→N, bias), Λ, MLP
-        per_layer = d + 3 * d * n + w * n + n + 2 * (n * n + n) + n + mlp
-    elif cfg.arch == "transformer_lm":  # norm, W_q W_k W_v W_o (no bias), SwiGLU MLP
-        per_layer = d + 4 * d * d + mlp
-    else:
-        raise ValueError(f"unknown LM arch {cfg.arch!r}")
+    d, v = cfg.hidden_size, cfg.vocab_size
+    per_layer = block_spec(cfg.arch).per_layer_params(cfg)
     embeddings = v * d
     head = 0 if cfg.tie_embeddings else d * v
     non_embedding = per_layer * cfg.num_layers + d  # + final norm

@@ -25,7 +25,7 @@ import jax
 from flax import nnx
 
 from ssmlm.models.bigs import SSM, flip, layer_kernels
-from ssmlm.models.config import ModelConfig, StackConfig
+from ssmlm.models.config import ArchFacts, ModelConfig, StackConfig
 from ssmlm.models.layers import Encoder, MultiHeadAttention, dense, dropout, fold, gelu, layer_norm, padding_mask
 from ssmlm.models.rules import ParamRule, common_rules, ssm_rule
 
@@ -103,6 +103,10 @@ class StackSSMEncoder(Encoder):
 
 Config = StackConfig  # this family's `model:` fields (ssmlm.models.config)
 MODELS = {"bert": BertEncoder, "stack_ssm": StackSSMEncoder}
+ARCHS = {  # what the reports and analyses ask of each arch (ssmlm.models.config.ArchFacts)
+    "stack_ssm": ArchFacts(name="stacked SSM (BiGS ablation)", ssm_kernels=True, table6="BiGS"),
+    "bert": ArchFacts(name="BERT", table6="BERT", pad_blind=True),
+}
 
 
 def mixing_flops(cfg: StackConfig, seq_len: int) -> float:

@@ -45,10 +45,21 @@ from flax import nnx
 from ssmlm.models.attention import attend_cache, attention_mask, segment_attention
 from ssmlm.models.config import LMConfig
 from ssmlm.models.layers import DTYPES, RMSNorm, attend, dense
+from ssmlm.models.lm import (
+    Config,
+    LanguageModel,
+    LMBlock,
+    attention_flops,
+    mixing_flops,
+    mlp_params,
+    mlp_text,
+    param_rules,
+)
 from ssmlm.models.lm_context import Context
 
 # RMSNorm, attend: ssmlm.models.layers; attention_mask: ssmlm.models.attention
 __all__ = ["RMSNorm", "TransformerBlock", "attend", "attention_mask", "rope"]
+__all__ += ["ARCHS", "MODELS", "Config", "mixing_flops", "param_rules"]  # the family interface
 
 
 def rope(x, positions, base: float):
@@ -146,3 +157,23 @@ class TransformerBlock(nnx.Module):
         a = attend_cache(q[:, 0], keys, values, n)  # slots 0..n: the cached keys and its own
         out = self.finish(x[:, None], a[:, None])[:, 0]
         return out, {"k": keys, "v": values, "lengths": n + 1}
+
+
+def transformer_params(cfg: LMConfig) -> int:
+    """norm, W_q W_k W_v W_o (no bias), SwiGLU MLP."""
+    d = cfg.hidden_size
+    return d + 4 * d * d + mlp_params(cfg)
+
+
+# a prefix LM in every layer (the paper: "equivalent to the Prefix LM architecture")
+ARCHS = {
+    "transformer_lm": LMBlock(
+        name="Transformer LM (Birdie)",
+        block=TransformerBlock,
+        per_layer_params=transformer_params,
+        mixing_flops=attention_flops,
+        prefix_every_layer=True,
+        describe=lambda cfg: [f"{cfg.num_heads} heads", mlp_text(cfg), f"RoPE {cfg.rope_base:g}"],
+    )
+}
+MODELS = dict.fromkeys(ARCHS, LanguageModel)

@@ -26,13 +26,9 @@ def _vocab_size(recipe: Recipe) -> int:
 def _width(cfg) -> str:
     if not is_lm(cfg.arch):
         return f"ffn={cfg.intermediate_size}"
-    mlp = f"mlp {cfg.mlp_expansion:.3g}x"
-    parts = {
-        "gated_ssm": [f"state={cfg.state_size}", "fused, no MLP"],
-        "gated_ssm_plus": [f"state={cfg.state_size}", f"conv {cfg.conv_width} {cfg.plus_conv}", mlp],
-        "hawk": [f"state={cfg.state_size}", f"conv {cfg.conv_width}", mlp, f"Λ init {cfg.rg_lru_init}"],
-        "transformer_lm": [f"{cfg.num_heads} heads", mlp, f"RoPE {cfg.rope_base:g}"],
-    }[cfg.arch]
+    from ssmlm.models.lm import block_spec
+
+    parts = block_spec(cfg.arch).describe(cfg)  # the block's own words (its module's ARCHS)
     return ", ".join([*parts, f"bidirectional={cfg.bidirectional}"])
 
 

@@ -39,9 +39,10 @@ def check_padding(cfg, padding: str) -> None:
     """`task.padding: longest` pads each split to its longest example, so an example's padding depends on its
     split; refuse it where padding changes predictions (official unmasked SSM / spatial mixing, or a pooler
     that averages the pads)."""
+    from ssmlm.models.config import facts
     from ssmlm.models.heads import pooler_kind
 
-    mixes_pads = cfg.arch not in ("bert", "gated_att") and not cfg.mask_padding
+    mixes_pads = not facts(cfg.arch).pad_blind and not cfg.mask_padding
     if padding == "longest" and (mixes_pads or pooler_kind(cfg) == "mean"):
         why = "model.pooler = 'mean' averages the pads" if not mixes_pads else "model.mask_padding = false"
         raise UserError(
