@@ -6,7 +6,8 @@ involved. ``make_eval_step`` compiles an evaluation function once; callers that 
 training loop) build it once and pass it as ``eval_step``. ``predict`` is ``run_eval`` scored by
 ``predictions``: the class (or regression score) per real example.
 
-May import: jax, flax, numpy, ssmlm.progress. Imported by train (the loop, `ssmlm evaluate`) and analyze.
+May import: jax, flax, numpy, ssmlm.progress. Imported by the training loop (ssmlm.train.loop), `ssmlm evaluate`
+(ssmlm.evaluate.run) and the analyses.
 """
 
 from __future__ import annotations
