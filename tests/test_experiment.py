@@ -433,7 +433,8 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     from collections import Counter
     from types import SimpleNamespace
 
-    from ssmlm.experiment.runner import Job, Outcome, Runner
+    from ssmlm.experiment.plan import Job
+    from ssmlm.experiment.runner import Outcome, Runner
 
     def pre(key, steps):
         return Job(key, "pretrain", key, Path(key), SimpleNamespace(train=SimpleNamespace(steps=steps)))
@@ -471,7 +472,8 @@ def test_a_free_worker_takes_the_first_run_whose_inputs_are_ready():
     (its pretrained finetuning waits), then seed 1's pretraining; a run whose input failed is not run."""
     from collections import Counter
 
-    from ssmlm.experiment.runner import Job, Outcome, Runner
+    from ssmlm.experiment.plan import Job
+    from ssmlm.experiment.runner import Outcome, Runner
 
     def job(key, *deps):
         return Job(key, key.split()[0], key, Path(key), deps=deps)

@@ -1,8 +1,11 @@
 """`ssmlm experiment FILE.yaml`: arms × seeds of ordinary ssmlm runs, with confidence intervals.
 
     spec.py     the experiment file: schema, loading, one-line errors naming the file and the field
-    runner.py   the plan (one run directory per stage of every arm × seed × grid point, seed by seed) and running
-                it, resumably, with the warnings each run recorded
+    plan.py     the plan: one run directory per stage of every arm × seed × grid point, seed by seed
+    runner.py   running the plan, resumably, with the warnings each run recorded; each arm's values
+    execute.py  running (or reusing) one run of the plan in this process
+    pool.py     the worker processes of --jobs > 1, and the signals that stop them with a checkpoint
+    eta.py      the estimate of the time left
     stats.py    Student t and percentile-bootstrap intervals, the paired difference to an arm's reference; an
                 interval from fewer than 3 values or with zero spread is marked not estimable
     report.py   results.md / .csv / .json and results.png (error bars)

@@ -1,0 +1,65 @@
+"""The experiment's estimate of the time left, printed after each finished run."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from ssmlm.experiment.plan import Job
+
+
+def fmt_time(s: float) -> str:
+    s = round(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def steps(job: Job) -> int:
+    """A pretraining run's training steps (0 for the other kinds, timed per run)."""
+    return (job.recipe.train.steps or 0) if job.kind == "pretrain" and job.recipe is not None else 0
+
+
+class Eta:
+    """The pretraining steps left × the seconds per step so far, plus the other runs left × the mean duration of
+    their kind's finished runs; a kind none of whose runs has finished yet is named, not guessed."""
+
+    def __init__(self, total: Counter, steps: int = 0, workers: int = 1):
+        self.pending = Counter(total)  # kind -> runs not finished yet (the evaluations included)
+        # pretraining runs differ in length (a budget sweep: 200 to 3,200 steps), so they are timed per step
+        self.pending_steps = steps  # training steps of the pretraining runs not finished yet
+        self.step_seconds = [0.0, 0]  # seconds and steps of the pretraining runs that ran
+        self.seconds: dict[str, list[float]] = {}  # kind -> durations of the runs that ran (not reused)
+        self.total = sum(total.values())
+        self.workers = workers
+        self.t0 = time.time()
+
+    def finished(self, job: Job, seconds: float | None) -> None:
+        """``job`` is done; ``seconds``: how long it ran (None: it did not run, or was reused)."""
+        self.pending[job.kind] -= 1
+        n = steps(job)
+        self.pending_steps -= n
+        if seconds is not None:
+            self.seconds.setdefault(job.kind, []).append(seconds)
+            if n:
+                self.step_seconds[0] += seconds
+                self.step_seconds[1] += n
+
+    def text(self) -> str:
+        left = sum(self.pending.values())
+        if not left:
+            return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
+        est, timed, untimed = 0.0, False, []
+        for kind, n in self.pending.items():
+            if n <= 0:
+                continue
+            if kind == "pretrain" and self.step_seconds[1]:
+                est += self.pending_steps * self.step_seconds[0] / self.step_seconds[1]
+            elif self.seconds.get(kind):
+                est += n * sum(self.seconds[kind]) / len(self.seconds[kind])
+            else:
+                untimed.append(kind)
+                continue
+            timed = True
+        if not timed:
+            return f" · {left} to go"
+        more = f" + the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
+        return f" · {left} to go, ETA {fmt_time(est / max(1, self.workers))}{more}"

@@ -1,0 +1,87 @@
+"""Running one job of the plan in this process, by the functions the CLI calls: a training run through
+ssmlm.train.drive, an evaluation as `ssmlm evaluate` writes it (RUN/eval/TASK-SPLIT.json), an analysis as
+`ssmlm analyze NAME --ckpt RUN` does. A run whose summary.json (an evaluation whose JSON, an analysis whose marker)
+exists is reused; an unfinished training run resumes from its newest checkpoint (the driver's own rule)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from ssmlm.experiment.plan import Job
+
+
+def execute(job: Job, verbose: bool = False) -> tuple[dict, bool]:
+    """Run (or reuse) one job in this process: (summary or evaluation result, reused?)."""
+    from ssmlm.progress import console
+
+    quiet, console.quiet = console.quiet, console.quiet or not verbose
+    try:
+        if job.kind == "evaluate":
+            return _evaluate(job)
+        if job.kind == "analyze":
+            return _analyze(job)
+        path = job.run_dir / "summary.json"
+        if path.is_file():
+            return json.loads(path.read_text()), True
+        from ssmlm.analyze.plots import LossPlot
+        from ssmlm.train import drive
+
+        kw = {"init": job.init} if job.kind == "finetune" else {}
+        fn = drive.finetune if job.kind == "finetune" else drive.pretrain
+        return fn(job.recipe, job.run_dir, quiet=not verbose, hooks=[LossPlot(job.run_dir)], **kw), False
+    finally:
+        console.quiet = quiet
+
+
+def _evaluate(job: Job) -> tuple[dict, bool]:
+    from ssmlm.runs import atomic_write, open_run
+
+    run = open_run(job.run_dir)
+    path = run.dir / "eval" / f"{job.task or run.info.get('task') or run.kind}-{job.split}.json"
+    if path.is_file():
+        return json.loads(path.read_text()), True
+    from ssmlm.evaluate.run import evaluate_run  # what `ssmlm evaluate` runs
+
+    result = evaluate_run(run, job.task, split=job.split, batch_size=job.batch_size, limit=job.limit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(result, indent=2))
+    return result, False
+
+
+def _analyze(job: Job) -> tuple[dict, bool]:
+    """`ssmlm analyze NAME --ckpt RUN` (output in RUN/analysis); a marker there records that it ran."""
+    import contextlib
+    import io
+    import typing
+
+    from ssmlm.analyze import registry
+
+    name, opts = job.analysis
+    marker = job.run_dir / "analysis" / f".experiment-{name}.json"
+    if marker.is_file():
+        return json.loads(marker.read_text()), True
+    command = registry()[name].command
+    hint = typing.get_type_hints(command, include_extras=True)["ckpt"]
+    many = typing.get_origin(typing.get_args(hint)[0] if typing.get_args(hint) else hint) is list
+    printed = io.StringIO()  # anything the command prints: not shown between progress lines
+    with contextlib.redirect_stdout(printed):
+        returned = command(ckpt=[str(job.run_dir)] if many else str(job.run_dir), **dict(opts))
+    result = {"analysis": name, "options": dict(opts), "run": str(job.run_dir), "result": returned}
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(result))
+    return result, False
+
+
+RUNNING = threading.Event()  # a run is going (in a pool worker, its parent watch waits for it to stop)
+
+
+def timed(job: Job, verbose: bool) -> tuple[dict, bool, float]:
+    t0 = time.time()
+    RUNNING.set()
+    try:
+        result, reused = execute(job, verbose)
+    finally:
+        RUNNING.clear()
+    return result, reused, time.time() - t0
