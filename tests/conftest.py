@@ -46,14 +46,32 @@ def english_lines(n: int, seed: int = 0) -> list[str]:
     ]
 
 
+def invoke(*args, code: int | None = 0, **kwargs):
+    """Run `ssmlm ARGS` in-process (each argument str()-ed) and return click's result; unless ``code`` is None,
+    assert that it exited with ``code``, showing the output if not. ``kwargs`` go to CliRunner.invoke (``env``,
+    ``catch_exceptions``, ``input``)."""
+    from typer.testing import CliRunner
+
+    from ssmlm.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], **kwargs)
+    if code is not None:
+        assert result.exit_code == code, f"ssmlm {' '.join(map(str, args))} exited {result.exit_code}:\n{result.output}"
+    return result
+
+
+def corpus_dir(folder, documents: int, lines: int):
+    """``documents`` .txt files of ``lines`` generated sentences each, document i from seed i."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(documents):
+        (folder / f"doc{i:02d}.txt").write_text("\n".join(english_lines(lines, seed=i)) + "\n")
+    return folder
+
+
 @pytest.fixture
 def corpus_file(tmp_path):
     """A small .txt corpus: 40 documents' worth of lines in one file per document."""
-    d = tmp_path / "corpus"
-    d.mkdir()
-    for i in range(40):
-        (d / f"doc{i:02d}.txt").write_text("\n".join(english_lines(30, seed=i)) + "\n")
-    return d
+    return corpus_dir(tmp_path / "corpus", 40, 30)
 
 
 def tiny_recipe(path, corpus, model=None, data=None, train=None, objective=None):
@@ -64,12 +82,85 @@ def tiny_recipe(path, corpus, model=None, data=None, train=None, objective=None)
     ssm = {} if (model or {}).get("arch") in ("gmlp", "amlp") else {"num_ssm": 8}  # gMLP has no SSM fields
     recipe = {
         "base": "default",
-        "model": {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32, "max_seq_length": 32, **ssm,
-                  **(model or {})},
+        "model": {
+            "hidden_size": 16,
+            "num_layers": 1,
+            "intermediate_size": 32,
+            "max_seq_length": 32,
+            **ssm,
+            **(model or {}),
+        },
         "data": {"source": str(corpus), "vocab_size": 150, **(data or {})},
         "objective": {"duplicate_factor": 1, **(objective or {})},
-        "train": {"steps": 6, "batch_size": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
-                  "out_dir": str(path.parent / "runs"), **(train or {})},
-    }  # fmt: skip
+        "train": {
+            "steps": 6,
+            "batch_size": 8,
+            "log_every": 1,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "out_dir": str(path.parent / "runs"),
+            **(train or {}),
+        },
+    }
     path.write_text(yaml.safe_dump(recipe))
     return path
+
+
+# Runs shared by the tests that only read them (xdist gives each worker its own). A test that writes into a run
+# (evaluate, resume, damage) copies it first, so that no test's leftovers can satisfy another's assertion; the
+# fixtures check at the end of the session that nothing in their run changed.
+TINY_LM_SEQ_LEN = 64
+
+
+def read_only(run):
+    """Yield ``run``; afterwards, fail if any file in it was added, removed or rewritten."""
+    files = lambda: {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}  # noqa: E731
+    before = files()
+    yield run
+    assert files() == before, f"a test wrote into the shared run {run}: copy it first (shutil.copytree)"
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory):
+    """A tiny gated-SSM language model pretrained for 2 steps through the CLI on Birdie's fixed-ratio mixture
+    (prompts go in the bidirectional prefix), max_seq_length TINY_LM_SEQ_LEN: the run directory."""
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("tiny-lm")
+    recipe = {
+        "base": "lm_tiny",
+        "name": "tiny-lm",
+        "model": {
+            "arch": "gated_ssm",
+            "hidden_size": 32,
+            "num_layers": 2,
+            "state_size": 32,
+            "num_heads": 2,
+            "max_seq_length": TINY_LM_SEQ_LEN,
+        },
+        "data": {"source": str(corpus_dir(tmp / "corpus", 20, 20)), "vocab_size": 300},
+        "objective": {"mixture": "birdie_fixed", "min_sample_space": 16},
+        "train": {
+            "steps": 2,
+            "batch_size": 2,
+            "log_every": 1,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "out_dir": str(tmp / "runs"),
+        },
+    }
+    (tmp / "tiny-lm.yaml").write_text(yaml.safe_dump(recipe))
+    invoke("pretrain", tmp / "tiny-lm.yaml", "-q")
+    yield from read_only(tmp / "runs" / "tiny-lm")
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory):
+    """A tiny 2-layer BiGS encoder (the `default` recipe's family) pretrained for 4 steps through the CLI with
+    masked-LM: the run directory."""
+    tmp = tmp_path_factory.mktemp("tiny-encoder")
+    recipe = tiny_recipe(
+        tmp / "tiny-encoder.yaml", corpus_dir(tmp / "corpus", 20, 30), model={"num_layers": 2}, train={"steps": 4}
+    )
+    invoke("pretrain", recipe, "-q")
+    yield from read_only(tmp / "runs" / "tiny-encoder")

@@ -10,18 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import english_lines, tiny_recipe
-from typer.testing import CliRunner
-
-from ssmlm.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == 0, f"ssmlm {' '.join(map(str, args))} failed:\n{result.output}"
-    return result
+from conftest import english_lines, invoke
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -30,23 +19,32 @@ def read_csv(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A tiny 2-layer BiGS pretrained for 4 steps, and a classifier finetuned from it (2 steps, a large
-    learning rate so that the SSM kernels move)."""
+def runs(tiny_encoder, tmp_path_factory):
+    """The shared tiny 2-layer BiGS (pretrained for 4 steps), and a classifier finetuned from it into this
+    module's folder (2 steps, a large learning rate so that the SSM kernels move)."""
     tmp = tmp_path_factory.mktemp("bigs")
-    corpus = tmp / "corpus"
-    corpus.mkdir()
-    for i in range(20):
-        (corpus / f"doc{i:02d}.txt").write_text("\n".join(english_lines(30, seed=i)) + "\n")
-    recipe = tiny_recipe(tmp / "pre.yaml", corpus, model={"num_layers": 2}, train={"steps": 4})
-    invoke("pretrain", recipe, "-q")
-    pre = tmp / "runs" / "pre"
+    pre = tiny_encoder
     rows = ["sentence,label"] + [f"{s},{int('cat' in s)}" for s in english_lines(32, 3)]
     (tmp / "task.csv").write_text("\n".join(rows) + "\n")
-    invoke("finetune", "--ckpt", pre, "--train-file", tmp / "task.csv", "--text-fields", "sentence",
-           "--label-field", "label", "--set", "train.epochs=1", "--set", "train.learning_rate=0.05",
-           "--set", f"train.out_dir={tmp / 'runs'}", "-q")  # fmt: skip
-    return pre, tmp / "runs" / "pre-task"
+    invoke(
+        "finetune",
+        "--ckpt",
+        pre,
+        "--train-file",
+        tmp / "task.csv",
+        "--text-fields",
+        "sentence",
+        "--label-field",
+        "label",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.learning_rate=0.05",
+        "--set",
+        f"train.out_dir={tmp / 'runs'}",
+        "-q",
+    )
+    return pre, tmp / "runs" / f"{pre.name}-task"
 
 
 def s4d_kernels(run_dir: Path, length: int):
@@ -112,14 +110,17 @@ def test_crop_and_layers_choose_what_the_map_shows(runs, tmp_path):
     assert summary["crop"] == 5 and summary["shown_layers"] == [0, 1]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--layers", "2"], "--layers = '2': expected comma-separated layer numbers in 0..1"),
-    (["--layers", "a"], "--layers = 'a'"),
-    (["--crop", "0"], "--crop = 0: expected at least 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layers", "2"], "--layers = '2': expected comma-separated layer numbers in 0..1"),
+        (["--layers", "a"], "--layers = 'a'"),
+        (["--crop", "0"], "--crop = 0: expected at least 1"),
+    ],
+)
 def test_bad_kernel_options_are_named(runs, tmp_path, args, message):
     pre, _ = runs
-    r = runner.invoke(app, ["analyze", "kernels", "--ckpt", str(pre), "--out", str(tmp_path), *args])
+    r = invoke("analyze", "kernels", "--ckpt", pre, "--out", tmp_path, *args, code=None)
     assert r.exit_code != 0 and message in r.output, r.output
 
 
@@ -145,7 +146,7 @@ def test_kernels_for_report(runs, tmp_path):
     (other / "recipe.yaml").write_text(yaml.safe_dump(raw))
     assert kernels.for_report(open_run(other), tmp_path / "x") is None
     assert not (tmp_path / "x").exists()
-    r = runner.invoke(app, ["analyze", "kernels", "--ckpt", str(pre), "--compare", str(other), "--out", str(tmp_path)])
+    r = invoke("analyze", "kernels", "--ckpt", pre, "--compare", other, "--out", tmp_path, code=None)
     assert r.exit_code != 0 and "architecture 'gmlp'" in r.output, r.output
 
 
@@ -189,8 +190,15 @@ def test_flops_table_holds_the_paper_numbers_and_the_count(tmp_path):
     # BiGS (bigs_full: 23 x 1024, 3072, N 64, vocab 30522, final norm) at 128 tokens, 20 masked slots, by hand:
     # 6 per non-embedding parameter per token, two FFT convolutions per layer, the tied decoder at the slots
     h, n_layers, length, slots, vocab = 1024, 23, 128, 20, 30522
-    cfg = ModelConfig(arch="bigs", hidden_size=h, num_layers=n_layers, intermediate_size=3072, vocab_size=vocab,
-                      max_seq_length=length, num_ssm=64)  # fmt: skip
+    cfg = ModelConfig(
+        arch="bigs",
+        hidden_size=h,
+        num_layers=n_layers,
+        intermediate_size=3072,
+        vocab_size=vocab,
+        max_seq_length=length,
+        num_ssm=64,
+    )
     p = param_count_formula(cfg)
     non_embedding = p["mlm_total"] - (vocab + length + 2) * h  # LayerNorm of the embeddings counts
     per_token = 6 * non_embedding + 2 * n_layers * 30 * np.log2(2 * length) * h + 6 * h * vocab * slots / length
@@ -204,7 +212,7 @@ def test_flops_options_and_report(runs, tmp_path, monkeypatch):
     from ssmlm.analyze import flops
     from ssmlm.runs import open_run
 
-    r = runner.invoke(app, ["analyze", "flops", "--lengths", "128,x", "--out", str(tmp_path)])
+    r = invoke("analyze", "flops", "--lengths", "128,x", "--out", tmp_path, code=None)
     assert r.exit_code != 0 and "--lengths = '128,x'" in r.output, r.output
     pre, _ = runs
     # --ckpt: the run's model replaces its column's (BiGS); BERT stays bert_large

@@ -8,20 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import english_lines, tiny_recipe
-from typer.testing import CliRunner
+from conftest import english_lines, invoke, tiny_recipe
 
 from ssmlm.analyze import agreement, cola
-from ssmlm.cli import app
 from ssmlm.evaluate.metrics import matthews
-
-runner = CliRunner()
-
-
-def invoke(*args, code=0):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == code, f"ssmlm {' '.join(map(str, args))}:\n{result.output}"
-    return result
 
 
 def read_csv(path):
@@ -195,16 +185,33 @@ def cola_run(mlm_run):
     """A tiny CoLA-like finetune (`--task cola` on local files): scrambled sentences are unacceptable. The
     validation split is the shipped annotated sample plus longer sentences, so several length bins fill."""
     tmp = mlm_run.parent.parent
-    train = [(s, 1) for s in english_lines(32, seed=7)] + [(shuffled(s, i), 0) for i, s in
-                                                          enumerate(english_lines(32, seed=8))]  # fmt: skip
+    train = [(s, 1) for s in english_lines(32, seed=7)] + [
+        (shuffled(s, i), 0) for i, s in enumerate(english_lines(32, seed=8))
+    ]
     val = [(r["sentence"], int(r["label"])) for r in cola_sample()]
-    val += [(s, 1) for s in english_lines(6, seed=9)] + [(shuffled(s, i) + " again", 0) for i, s in
-                                                       enumerate(english_lines(6, seed=10))]  # fmt: skip
+    val += [(s, 1) for s in english_lines(6, seed=9)] + [
+        (shuffled(s, i) + " again", 0) for i, s in enumerate(english_lines(6, seed=10))
+    ]
     write_rows(tmp / "cola_train.csv", train)
     write_rows(tmp / "cola_val.csv", val)
-    invoke("finetune", "--ckpt", mlm_run, "--task", "cola", "--train-file", tmp / "cola_train.csv",
-           "--validation-file", tmp / "cola_val.csv", "--set", f"train.out_dir={tmp / 'runs'}",
-           "--set", "train.learning_rate=5e-3", "--set", "train.epochs=6", "-q")  # fmt: skip
+    invoke(
+        "finetune",
+        "--ckpt",
+        mlm_run,
+        "--task",
+        "cola",
+        "--train-file",
+        tmp / "cola_train.csv",
+        "--validation-file",
+        tmp / "cola_val.csv",
+        "--set",
+        f"train.out_dir={tmp / 'runs'}",
+        "--set",
+        "train.learning_rate=5e-3",
+        "--set",
+        "train.epochs=6",
+        "-q",
+    )
     (run_dir,) = [d for d in (tmp / "runs").iterdir() if d.name != "mlm" and "cola" in d.name]
     return run_dir, val
 

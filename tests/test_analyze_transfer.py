@@ -10,21 +10,12 @@ import random
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import english_lines
-from typer.testing import CliRunner
+from conftest import english_lines, invoke
 
 from ssmlm.analyze import adversarial, length_bins, score_vs_loss
-from ssmlm.cli import app
 from ssmlm.runs import open_run
 
-runner = CliRunner()
 ANIMALS = ("cat", "dog", "bird")
-
-
-def invoke(*args):
-    r = runner.invoke(app, [str(a) for a in args])
-    assert r.exit_code == 0, f"ssmlm {' '.join(map(str, args))} failed:\n{r.output}"
-    return r
 
 
 def read_csv(path):
@@ -75,13 +66,46 @@ train: {{steps: 20, batch_size: 8, learning_rate: 3.0e-3, eval_every: 10, eval_b
     write_pairs(tmp / "pairs.csv", pair_rows(160, 1))
     write_pairs(tmp / "pairs_val.csv", pair_rows(40, 2))
     invoke("pretrain", tmp / "r.yaml", "--name", "bigs", "-q")
-    invoke("pretrain", tmp / "r.yaml", "--name", "stack", "--set", "model.arch=stack_ssm", "--set",
-           "model.num_heads=2", "--set", "train.eval_every=5", "--set", "train.steps=10", "-q")  # fmt: skip
+    invoke(
+        "pretrain",
+        tmp / "r.yaml",
+        "--name",
+        "stack",
+        "--set",
+        "model.arch=stack_ssm",
+        "--set",
+        "model.num_heads=2",
+        "--set",
+        "train.eval_every=5",
+        "--set",
+        "train.steps=10",
+        "-q",
+    )
     for src, epochs in (("bigs", 3), ("stack", 1)):
-        invoke("finetune", "--ckpt", out / src, "--name", f"{src}-pairs", "--train-file", tmp / "pairs.csv",
-               "--validation-file", tmp / "pairs_val.csv", "--text-fields", "question,sentence",
-               "--label-field", "label", "--set", f"train.out_dir={out}", "--set", f"train.epochs={epochs}",
-               "--set", "train.batch_size=8", "--set", "train.learning_rate=1e-2", "-q")  # fmt: skip
+        invoke(
+            "finetune",
+            "--ckpt",
+            out / src,
+            "--name",
+            f"{src}-pairs",
+            "--train-file",
+            tmp / "pairs.csv",
+            "--validation-file",
+            tmp / "pairs_val.csv",
+            "--text-fields",
+            "question,sentence",
+            "--label-field",
+            "label",
+            "--set",
+            f"train.out_dir={out}",
+            "--set",
+            f"train.epochs={epochs}",
+            "--set",
+            "train.batch_size=8",
+            "--set",
+            "train.learning_rate=1e-2",
+            "-q",
+        )
     invoke("evaluate", "--ckpt", out / "bigs")
     invoke("evaluate", "--ckpt", out / "bigs-pairs")
     return tmp, out
@@ -136,8 +160,18 @@ def test_length_bins_equal_a_direct_recomputation(runs):
 
 def test_transfer_points_are_the_runs_numbers(runs):
     tmp, out = runs
-    res = invoke("analyze", "transfer", "--ckpt", out / "bigs-pairs", "--ckpt", out / "stack-pairs",
-                 "--out", tmp / "tr", "--bert-reference", "--json")  # fmt: skip
+    res = invoke(
+        "analyze",
+        "transfer",
+        "--ckpt",
+        out / "bigs-pairs",
+        "--ckpt",
+        out / "stack-pairs",
+        "--out",
+        tmp / "tr",
+        "--bert-reference",
+        "--json",
+    )
     assert json.loads(res.stdout)["plot"].endswith("transfer.png")
     bigs, stack = read_csv(tmp / "tr" / "transfer.csv")
     # bigs: the `evaluate` results of both runs
@@ -170,10 +204,10 @@ def test_transfer_points_are_the_runs_numbers(runs):
         str(moved / "bigs" / "eval" / "mlm-validation.json"),
     )
     shutil.rmtree(moved / "bigs")
-    r = runner.invoke(app, ["analyze", "transfer", "--ckpt", str(moved / "bigs-pairs")])
+    r = invoke("analyze", "transfer", "--ckpt", moved / "bigs-pairs", code=2)
     assert r.exit_code == 2 and "source '/gone/bigs' is not a run directory here" in r.output
     # --metric names another score; one the runs lack is a one-line error
-    r = runner.invoke(app, ["analyze", "transfer", "--ckpt", str(out / "bigs-pairs"), "--metric", "f1"])
+    r = invoke("analyze", "transfer", "--ckpt", out / "bigs-pairs", "--metric", "f1", code=2)
     assert r.exit_code == 2 and "no 'f1' score" in r.output and len(r.output.strip().splitlines()) == 1
 
 
@@ -183,8 +217,13 @@ def test_distractor_construction_is_documented_and_deterministic(runs):
     tok = run.tokenizer()
     rows = pair_rows(40, 2)[:6]
     ids, types, mask = plain_encoding(out / "bigs-pairs", rows)
-    arrays = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-              "labels": np.zeros(6, np.int32), "example_weight": np.ones(6, np.float32)}  # fmt: skip
+    arrays = {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": mask,
+        "labels": np.zeros(6, np.int32),
+        "example_weight": np.ones(6, np.float32),
+    }
     index = np.array([3, 5, 8, 13, 21, 34])
     a = adversarial.with_distractors(arrays, tok, 7, seed=1, index=index)
     assert all(np.array_equal(a[k], v) for k, v in adversarial.with_distractors(arrays, tok, 7, 1, index).items())
@@ -211,8 +250,21 @@ def test_distractor_construction_is_documented_and_deterministic(runs):
 def test_adversarial_accuracy_per_distance(runs):
     tmp, out = runs
     ft = out / "bigs-pairs"
-    res = json.loads(invoke("analyze", "adversarial", "--ckpt", ft, "--distances", "0,3,7", "--seed", "1",
-                            "--out", tmp / "adv", "--json").stdout)  # fmt: skip
+    res = json.loads(
+        invoke(
+            "analyze",
+            "adversarial",
+            "--ckpt",
+            ft,
+            "--distances",
+            "0,3,7",
+            "--seed",
+            "1",
+            "--out",
+            tmp / "adv",
+            "--json",
+        ).stdout
+    )
     table = read_csv(tmp / "adv" / "adversarial.csv")
     assert [int(r["distance"]) for r in table] == [0, 3, 7] and res["examples_scored"] == 40
     ev = json.loads((ft / "eval" / "pairs-validation.json").read_text())
@@ -229,8 +281,18 @@ def test_adversarial_accuracy_per_distance(runs):
     assert (tmp / "adv" / "adversarial.png").stat().st_size > 5000
 
     # two runs: the paper's subset, examples both label alike on the plain input
-    invoke("analyze", "adversarial", "--ckpt", ft, "--ckpt", out / "stack-pairs", "--distances", "0,5",
-           "--out", tmp / "adv2")  # fmt: skip
+    invoke(
+        "analyze",
+        "adversarial",
+        "--ckpt",
+        ft,
+        "--ckpt",
+        out / "stack-pairs",
+        "--distances",
+        "0,5",
+        "--out",
+        tmp / "adv2",
+    )
     both = read_csv(tmp / "adv2" / "adversarial.csv")
     p_b = direct_predictions(ft, ids, types, mask)
     p_s = direct_predictions(out / "stack-pairs", *plain_encoding(out / "stack-pairs", rows))
@@ -276,6 +338,6 @@ def test_report_entries_and_applicability(runs, tmp_path):
 )
 def test_bad_options_are_one_line(runs, args, message):
     _, out = runs
-    r = runner.invoke(app, ["analyze", *args[:1], "--ckpt", str(out / "bigs"), *args[1:]])
+    r = invoke("analyze", *args[:1], "--ckpt", out / "bigs", *args[1:], code=None)
     assert r.exit_code == 2 and message in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1

@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
-from tests.test_lm_pipeline import invoke
+from conftest import invoke
 
 
 def birdie_recipe(tmp_path, corpus, steps=12, **controller):
@@ -24,12 +23,27 @@ def birdie_recipe(tmp_path, corpus, steps=12, **controller):
             "mixture": "birdie",
             "min_sample_space": 16,
             # evaluations at round(s·0.02) for the paper's s = 10, 50, 250, 500, …: steps 1, 5, 10; control from 5
-            "controller": {"eval_scale": 0.02, "validation_rows": 1, "proposals": 64, "grok_iterations": 5,
-                           "width": 16, "state_size": 16, "layers": 1, **controller},
+            "controller": {
+                "eval_scale": 0.02,
+                "validation_rows": 1,
+                "proposals": 64,
+                "grok_iterations": 5,
+                "width": 16,
+                "state_size": 16,
+                "layers": 1,
+                **controller,
+            },
         },
-        "train": {"steps": steps, "batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 1,
-                  "checkpoint_every": 3, "out_dir": str(tmp_path / "runs")},
-    }  # fmt: skip
+        "train": {
+            "steps": steps,
+            "batch_size": 4,
+            "log_every": 1,
+            "eval_every": 0,
+            "eval_batches": 1,
+            "checkpoint_every": 3,
+            "out_dir": str(tmp_path / "runs"),
+        },
+    }
     path = tmp_path / "birdie.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -106,7 +120,7 @@ def test_analyze_mixture_on_a_fixed_mixture_run_is_a_clear_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
     (tmp_path / "run.json").write_text("{}")
     (tmp_path / "recipe.yaml").write_text("name: x\n")
-    r = invoke("analyze", "mixture", "--ckpt", tmp_path, ok=False)
+    r = invoke("analyze", "mixture", "--ckpt", tmp_path, code=None)
     assert r.exit_code != 0 and "objective.mixture: birdie" in r.output and "Traceback" not in r.output
 
 

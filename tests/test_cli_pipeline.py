@@ -12,18 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import english_lines
-from typer.testing import CliRunner
-
-from ssmlm.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == 0, f"ssmlm {' '.join(map(str, args))} failed:\n{result.output}"
-    return result
+from conftest import english_lines, invoke
 
 
 def metric_rows(run_dir: Path):
@@ -88,8 +77,12 @@ def test_full_pipeline(tiny_recipes):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ssmlm", "pretrain", str(tmp / "tiny.yaml"), "-q"],
-        cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 240
     while not (run_dir / "checkpoints" / "20").is_dir() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -128,10 +121,23 @@ def test_full_pipeline(tiny_recipes):
     write_task(tmp / "train.csv", 400, seed=1)
     write_task(tmp / "val.csv", 100, seed=2)
     invoke(
-        "finetune", "--ckpt", run_dir, "--train-file", tmp / "train.csv", "--validation-file", tmp / "val.csv",
-        "--text-fields", "sentence", "--label-field", "label", "--set", "train.learning_rate=1e-3",
-        "--set", f"train.out_dir={runs}", "-q",
-    )  # fmt: skip
+        "finetune",
+        "--ckpt",
+        run_dir,
+        "--train-file",
+        tmp / "train.csv",
+        "--validation-file",
+        tmp / "val.csv",
+        "--text-fields",
+        "sentence",
+        "--label-field",
+        "label",
+        "--set",
+        "train.learning_rate=1e-3",
+        "--set",
+        f"train.out_dir={runs}",
+        "-q",
+    )
     ft_dir = runs / "tiny-train"
     ft_summary = json.loads((ft_dir / "summary.json").read_text())
     assert ft_summary["final_step"] == 3 * (400 // 16)
@@ -167,8 +173,19 @@ def test_extend_length_keeps_learned_weights(tiny_recipes):
     tmp, runs = tiny_recipes
     os.chdir(tmp)
     invoke("pretrain", tmp / "tiny.yaml", "--set", "train.steps=6", "--name", "short", "-q")
-    invoke("extend-length", tmp / "tiny_extend.yaml", "--from", runs / "short", "--set", "train.steps=1",
-           "--set", "train.learning_rate=1e-12", "--set", "train.out_dir=" + str(runs), "-q")  # fmt: skip
+    invoke(
+        "extend-length",
+        tmp / "tiny_extend.yaml",
+        "--from",
+        runs / "short",
+        "--set",
+        "train.steps=1",
+        "--set",
+        "train.learning_rate=1e-12",
+        "--set",
+        "train.out_dir=" + str(runs),
+        "-q",
+    )
     from ssmlm.runs import open_run
 
     src, _ = open_run(runs / "short").load_model()
@@ -197,7 +214,7 @@ def test_extend_length_keeps_learned_weights(tiny_recipes):
 )
 def test_user_errors_are_one_line(args, message, tmp_path):
     os.chdir(tmp_path)
-    result = runner.invoke(app, args)
+    result = invoke(*args, code=None)
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
@@ -208,9 +225,9 @@ def test_unknown_task_and_offline_hub_task(tiny_recipes):
     tmp, runs = tiny_recipes
     os.chdir(tmp)
     invoke("pretrain", tmp / "tiny.yaml", "--set", "train.steps=2", "--name", "mini", "-q")
-    r = runner.invoke(app, ["finetune", "--ckpt", str(runs / "mini"), "--task", "mnlii"])
+    r = invoke("finetune", "--ckpt", runs / "mini", "--task", "mnlii", code=None)
     assert r.exit_code == 2 and "unknown task 'mnlii'; did you mean 'mnli'?" in r.output
-    r = runner.invoke(app, ["finetune", "--ckpt", str(runs / "mini"), "--task", "sst2"])
+    r = invoke("finetune", "--ckpt", runs / "mini", "--task", "sst2", code=None)
     assert r.exit_code == 2 and "--train-file" in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
     # nothing was written for the failed finetune

@@ -7,20 +7,10 @@ import os
 
 import numpy as np
 import pytest
-from conftest import english_lines
+from conftest import english_lines, invoke
 from flax import nnx
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.runs import open_run
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    r = runner.invoke(app, [str(a) for a in args])
-    assert r.exit_code == 0, r.output
-    return r
 
 
 def tsv(path, rows):
@@ -117,8 +107,18 @@ def test_mnli_then_mnli_initialised_rte(base):
     assert "accuracy" in r.stdout
     # RTE from the MNLI run: new 2-way classifier, encoder and pooler from MNLI (a learning rate of 1e-12 keeps
     # them as loaded, to float32 precision; 0 is refused as a mistake)
-    rte = finetune(base, "rte", "--init-from", mnli, "--task", "rte", "--data-dir", base / "glue",
-                   "--set", "train.learning_rate=1e-12")  # fmt: skip
+    rte = finetune(
+        base,
+        "rte",
+        "--init-from",
+        mnli,
+        "--task",
+        "rte",
+        "--data-dir",
+        base / "glue",
+        "--set",
+        "train.learning_rate=1e-12",
+    )
     src, _ = open_run(mnli).load_model()
     dst, _ = open_run(rte).load_model()
     same = lambda a, b: np.testing.assert_allclose(np.asarray(a[...]), np.asarray(b[...]), rtol=0, atol=1e-8)  # noqa: E731
@@ -126,16 +126,43 @@ def test_mnli_then_mnli_initialised_rte(base):
     same(dst.encoder.layers[0].w_v.kernel, src.encoder.layers[0].w_v.kernel)
     assert dst.classifier.kernel.shape == (16, 2)
     # same label space (MNLI again): the classifier is copied too
-    again = finetune(base, "mnli2", "--init-from", mnli, "--task", "mnli", "--data-dir", base / "glue",
-                     "--set", "train.learning_rate=1e-12")  # fmt: skip
+    again = finetune(
+        base,
+        "mnli2",
+        "--init-from",
+        mnli,
+        "--task",
+        "mnli",
+        "--data-dir",
+        base / "glue",
+        "--set",
+        "train.learning_rate=1e-12",
+    )
     m2, _ = open_run(again).load_model()
     same(m2.classifier.kernel, src.classifier.kernel)
 
 
 def test_stsb_regression_and_seeds(base):
-    invoke("finetune", "--ckpt", base / "runs/base", "--task", "stsb", "--data-dir", base / "glue", "--name", "stsb",
-           "--seeds", "1,2", "-q", "--set", f"train.out_dir={base / 'runs'}", "--set", "train.batch_size=8",
-           "--set", "train.epochs=1")  # fmt: skip
+    invoke(
+        "finetune",
+        "--ckpt",
+        base / "runs/base",
+        "--task",
+        "stsb",
+        "--data-dir",
+        base / "glue",
+        "--name",
+        "stsb",
+        "--seeds",
+        "1,2",
+        "-q",
+        "--set",
+        f"train.out_dir={base / 'runs'}",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "train.epochs=1",
+    )
     seeds = json.loads((base / "runs/stsb-seeds.json").read_text())
     assert seeds["seeds"] == [1, 2] and set(seeds["final"]) == {"pearson", "spearman"}
     assert len(seeds["final"]["pearson"]["values"]) == 2
@@ -233,8 +260,15 @@ def test_best_validation_by_the_task_selection_metric(tmp_path):
     assert best_validation(path, "pearson")["step"] == 20
     assert best_validation(path, "matthews") is None
     others = {t: get_task(t).selection for t in ("sst2", "mnli", "cola", "mrpc", "qqp", "squad", "quality")}
-    assert others == {"sst2": "accuracy", "mnli": "accuracy", "cola": "matthews", "mrpc": "f1", "qqp": "f1",
-                      "squad": "f1", "quality": "accuracy"}  # fmt: skip
+    assert others == {
+        "sst2": "accuracy",
+        "mnli": "accuracy",
+        "cola": "matthews",
+        "mrpc": "f1",
+        "qqp": "f1",
+        "squad": "f1",
+        "quality": "accuracy",
+    }
 
 
 def test_local_regression_task_selects_spearman(tmp_path):

@@ -14,17 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import english_lines, tiny_recipe
-from typer.testing import CliRunner
+from conftest import english_lines, invoke, tiny_recipe
 
-from ssmlm.cli import app
-
-runner = CliRunner()
 DATA_WORK = ("tokenizing", "configurations", "packing:", "parameter rules")  # lines only data work prints
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +71,7 @@ def test_lm_row_too_short_for_any_sample_is_refused_before_data_work(tmp_path, c
     recipe = lm_recipe(tmp_path, corpus_file)
     before = cache_dirs()
     t = time.perf_counter()
-    line = one_error_line(invoke("pretrain", recipe, "--set", setting))
+    line = one_error_line(invoke("pretrain", recipe, "--set", setting, code=None))
     seconds = time.perf_counter() - t
     assert key in line and "objective.min_sample_space = 32" in line and "[CLS]" not in line, line
     assert seconds < 10, seconds
@@ -88,17 +80,21 @@ def test_lm_row_too_short_for_any_sample_is_refused_before_data_work(tmp_path, c
 
 def test_lm_row_length_words_without_a_min_sample_space(tmp_path, corpus_file):
     recipe = lm_recipe(tmp_path, corpus_file, min_sample_space=4)
-    line = one_error_line(invoke("pretrain", recipe, "--set", "model.max_seq_length=4"))
+    line = one_error_line(invoke("pretrain", recipe, "--set", "model.max_seq_length=4", code=None))
     assert "at least 8 tokens per row" in line and "[CLS]" not in line, line
     # an encoder's row does hold [CLS] and [SEP]: its message says so
-    line = one_error_line(invoke("pretrain", "--set", "model.max_seq_length=4"))
+    line = one_error_line(invoke("pretrain", "--set", "model.max_seq_length=4", code=None))
     assert "[CLS]" in line, line
 
 
 def test_shorter_rows_with_a_smaller_min_sample_space_are_accepted(tmp_path, corpus_file):
-    r = invoke("pretrain", lm_recipe(tmp_path, corpus_file, min_sample_space=8), "--set", "model.max_seq_length=16",
-               "--dry-run")  # fmt: skip
-    assert r.exit_code == 0, r.output
+    invoke(
+        "pretrain",
+        lm_recipe(tmp_path, corpus_file, min_sample_space=8),
+        "--set",
+        "model.max_seq_length=16",
+        "--dry-run",
+    )
 
 
 def test_the_row_length_rule_is_the_packers():
@@ -128,7 +124,7 @@ def test_a_mesh_the_devices_cannot_make_is_refused_before_data_work(tmp_path, co
 
     recipe = tiny_recipe(tmp_path / "r.yaml", corpus_file, data={"vocab_size": 140})  # data never tokenised yet
     before = cache_dirs()
-    line = one_error_line(invoke("pretrain", recipe, "--set", f"mesh.tensor={jax.device_count() + 1}"))
+    line = one_error_line(invoke("pretrain", recipe, "--set", f"mesh.tensor={jax.device_count() + 1}", code=None))
     assert "mesh" in line and "devices" in line, line
     assert cache_dirs() == before and not (tmp_path / "runs").exists()
 
@@ -141,10 +137,13 @@ def test_refused_data_leaves_no_cache_directory(tmp_path):
     source = tmp_path / "one.jsonl"
     source.write_text(json.dumps({"text": " ".join(english_lines(20))}) + "\n")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({"base": "default", "data": {"source": str(source), "vocab_size": 150,
-                                                                   "validation_fraction": 0.9999}}))  # fmt: skip
+    recipe.write_text(
+        yaml.safe_dump(
+            {"base": "default", "data": {"source": str(source), "vocab_size": 150, "validation_fraction": 0.9999}}
+        )
+    )
     before = cache_dirs()
-    line = one_error_line(invoke("preprocess", recipe))
+    line = one_error_line(invoke("preprocess", recipe, code=None))
     assert "no training text" in line, line
     assert cache_dirs() == before
 
@@ -166,7 +165,6 @@ def preprocess_rows(tmp_path: Path, source: Path, packing: str):
     data = {"source": str(source), "vocab_size": 200, "packing": packing}
     recipe.write_text(yaml.safe_dump({"base": "default", "model": {"max_seq_length": 128}, "data": data}))
     r = invoke("preprocess", recipe)
-    assert r.exit_code == 0, r.output
     meta = json.loads(r.output[r.output.index("{") :])
     notes = [ln for ln in r.output.splitlines() if ln.startswith("packing:")]
     return meta["fill_rate"], notes
@@ -194,8 +192,7 @@ def test_lm_rows_closed_early_say_so(tmp_path):
     short = paragraphs_jsonl(tmp_path / "short.jsonl", 300, 1)
     fills = {}
     for space in (56, 8):
-        r = load_recipe(lm_recipe(tmp_path, short, mixture="clm", min_sample_space=space),
-                        ["model.max_seq_length=64"])  # fmt: skip
+        r = load_recipe(lm_recipe(tmp_path, short, mixture="clm", min_sample_space=space), ["model.max_seq_length=64"])
         objective = lm_objective(r, preprocess(r.data, r.seq_len, quiet=True, layout="documents"))
         fills[space] = row_fill(objective), packing_note(row_fill(objective), r)
     fill, note = fills[56]

@@ -8,54 +8,25 @@ import sys
 import time
 
 import pytest
-import yaml
-from conftest import english_lines
-from typer.testing import CliRunner
+from conftest import TINY_LM_SEQ_LEN, invoke
 
-from ssmlm.cli import app
 from ssmlm.errors import UserError
 from ssmlm.models.config import LMConfig
 from ssmlm.models.decode_limits import LENGTH_FACTOR, check_new_tokens
 
-runner = CliRunner()
-SEQ_LEN = 64
 
-
-@pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    """A one-step tiny gated-SSM LM (next-token mixture: no controller) on generated English."""
-    tmp = tmp_path_factory.mktemp("gen")
-    corpus = tmp / "corpus"
-    corpus.mkdir()
-    for i in range(20):
-        (corpus / f"doc{i:02d}.txt").write_text("\n".join(english_lines(20, seed=i)) + "\n")
-    recipe = {
-        "base": "lm_tiny",
-        "name": "tiny",
-        "model": {"arch": "gated_ssm", "hidden_size": 16, "num_layers": 1, "state_size": 16, "max_seq_length": SEQ_LEN},
-        "data": {"source": str(corpus), "vocab_size": 300},
-        "objective": {"mixture": "clm"},
-        "train": {"steps": 1, "batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
-                  "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
-    (tmp / "r.yaml").write_text(yaml.safe_dump(recipe))
-    res = runner.invoke(app, ["pretrain", str(tmp / "r.yaml"), "-q"])
-    assert res.exit_code == 0, res.output
-    return tmp / "runs" / "tiny"
-
-
-def test_huge_max_tokens_is_refused_at_once_in_one_line(lm_run):
-    limit = LENGTH_FACTOR * SEQ_LEN
+def test_huge_max_tokens_is_refused_at_once_in_one_line(tiny_lm):
+    limit = LENGTH_FACTOR * TINY_LM_SEQ_LEN
     for n in (100_000_000, limit + 1):
         t0 = time.perf_counter()
-        res = runner.invoke(app, ["generate", "--ckpt", str(lm_run), "--prompt", "The cat", "--max-tokens", str(n)])
+        res = invoke("generate", "--ckpt", tiny_lm, "--prompt", "The cat", "--max-tokens", n, code=2)
         took = time.perf_counter() - t0
         lines = res.output.strip().splitlines()
         assert res.exit_code == 2 and len(lines) == 1, res.output
         assert f"--max-tokens {n:,}" in lines[0] and f"at most {limit:,}" in lines[0] and "Traceback" not in res.output
         assert took < 2.0, f"refusing took {took:.1f} s"
     # before any work: the refusal needs no jax (no model is loaded, nothing compiled)
-    args = ["generate", "--ckpt", str(lm_run), "--prompt", "x", "--max-tokens", "100000000"]
+    args = ["generate", "--ckpt", str(tiny_lm), "--prompt", "x", "--max-tokens", "100000000"]
     code = (
         "import sys\nfrom typer.testing import CliRunner\nfrom ssmlm.cli import app\n"
         f"r = CliRunner().invoke(app, {args!r})\nprint(r.exit_code, 'jax' in sys.modules)\n"
@@ -64,14 +35,14 @@ def test_huge_max_tokens_is_refused_at_once_in_one_line(lm_run):
     assert out.split() == ["2", "False"], out
 
 
-def test_the_python_api_refuses_too(lm_run):
+def test_the_python_api_refuses_too(tiny_lm):
     from ssmlm.models.decode import Sampling
     from ssmlm.runs.generate import load_generator
 
     with pytest.raises(UserError, match="max_new_tokens 100,000,000"):
-        load_generator(lm_run)("The cat", Sampling(max_new_tokens=100_000_000))
+        load_generator(tiny_lm)("The cat", Sampling(max_new_tokens=100_000_000))
     with pytest.raises(UserError, match="--max-tokens"):
-        load_generator(lm_run, max_new_tokens=100_000_000)
+        load_generator(tiny_lm, max_new_tokens=100_000_000)
 
 
 def test_kv_cache_bound():
@@ -84,12 +55,12 @@ def test_kv_cache_bound():
     check_new_tokens(LMConfig(arch="gated_ssm", max_seq_length=4096), 100_000, free_bytes=1)
 
 
-def test_streaming_joins_to_the_returned_text(lm_run):
+def test_streaming_joins_to_the_returned_text(tiny_lm):
     from ssmlm.data.reserved import END
     from ssmlm.models.decode import Sampling, generate_ids
     from ssmlm.runs.generate import load_generator
 
-    gen = load_generator(lm_run)
+    gen = load_generator(tiny_lm)
     end = gen.tokenizer.token_to_id(END)
     for sampling in (Sampling(max_new_tokens=24), Sampling(max_new_tokens=24, temperature=1.0, seed=4)):
         pieces: list[str] = []
@@ -105,20 +76,19 @@ def test_streaming_joins_to_the_returned_text(lm_run):
             assert "".join(pieces) == cut == gen("The cat saw", sampling, stop) and stop[0] not in cut
 
 
-def test_the_cli_streams_the_same_text(lm_run):
+def test_the_cli_streams_the_same_text(tiny_lm):
     from ssmlm.models.decode import Sampling
     from ssmlm.runs.generate import load_generator
 
-    res = runner.invoke(app, ["generate", "--ckpt", str(lm_run), "--prompt", "The cat", "--max-tokens", "12"])
-    assert res.exit_code == 0, res.output
-    assert res.stdout == load_generator(lm_run)("The cat", Sampling(max_new_tokens=12)) + "\n"
+    res = invoke("generate", "--ckpt", tiny_lm, "--prompt", "The cat", "--max-tokens", 12)
+    assert res.stdout == load_generator(tiny_lm)("The cat", Sampling(max_new_tokens=12)) + "\n"
 
 
-def test_text_stream_holds_incomplete_characters(lm_run):
+def test_text_stream_holds_incomplete_characters(tiny_lm):
     """Characters the byte-level BPE splits over several tokens are shown only once whole."""
     from ssmlm.runs.generate import TextStream
 
-    tok = load_tokenizer(lm_run)
+    tok = load_tokenizer(tiny_lm)
     text = "Déjà vu — naïve café, 日本, ok. " * 3  # longer than DECODE_WINDOW tokens: settled text is kept
     ids = tok.encode(text, add_special_tokens=False).ids
     assert any("\ufffd" in tok.decode(ids[:k]) for k in range(1, len(ids)))  # some prefix ends mid-character

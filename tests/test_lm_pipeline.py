@@ -9,31 +9,35 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
-
-from ssmlm.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, f"ssmlm {' '.join(map(str, args))} failed:\n{result.output}"
-    return result
+from conftest import invoke
 
 
 def lm_recipe(tmp_path: Path, corpus: Path, arch: str, mixture: str, bidirectional: str = "alternate", **train):
     recipe = {
         "base": "lm_tiny",
         "name": f"{arch}-{mixture}",
-        "model": {"arch": arch, "hidden_size": 32, "num_layers": 2, "state_size": 32, "num_heads": 2,
-                  "max_seq_length": 96, "bidirectional": bidirectional},
+        "model": {
+            "arch": arch,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "state_size": 32,
+            "num_heads": 2,
+            "max_seq_length": 96,
+            "bidirectional": bidirectional,
+        },
         "data": {"source": str(corpus), "vocab_size": 400},
         "objective": {"mixture": mixture, "min_sample_space": 16},
-        "train": {"steps": 6, "batch_size": 4, "log_every": 1, "eval_every": 3, "eval_batches": 2,
-                  "checkpoint_every": 3, "out_dir": str(tmp_path / "runs"), **train},
-    }  # fmt: skip
+        "train": {
+            "steps": 6,
+            "batch_size": 4,
+            "log_every": 1,
+            "eval_every": 3,
+            "eval_batches": 2,
+            "checkpoint_every": 3,
+            "out_dir": str(tmp_path / "runs"),
+            **train,
+        },
+    }
     path = tmp_path / f"{arch}-{mixture}.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -47,7 +51,7 @@ def lm_recipe(tmp_path: Path, corpus: Path, arch: str, mixture: str, bidirection
         # the other families' decoding is pinned in test_lm_models; end to end they only add time
         pytest.param("hawk", "ul2", "alternate", marks=pytest.mark.slow),
         pytest.param("gated_ssm_plus", "birdie_fixed", "all", marks=pytest.mark.slow),
-    ],  # fmt: skip
+    ],
 )
 def test_pretrain_then_generate(tmp_path, corpus_file, arch, mixture, bidirectional):
     recipe = lm_recipe(tmp_path, corpus_file, arch, mixture, bidirectional)
@@ -63,10 +67,40 @@ def test_pretrain_then_generate(tmp_path, corpus_file, arch, mixture, bidirectio
     assert saved["metrics"]["lm_loss"] == pytest.approx(val[-1]["lm_loss"], rel=1e-4), ev.output
     out = invoke("generate", "--ckpt", run, "--prompt", "The cat saw", "--max-tokens", 8)
     assert isinstance(out.output, str)
-    sampled = invoke("generate", "--ckpt", run, "--prompt", "The cat", "--max-tokens", 8, "--temperature", 1.0,
-                     "--top-k", 5, "--top-p", 0.9, "--seed", 3)  # fmt: skip
-    again = invoke("generate", "--ckpt", run, "--prompt", "The cat", "--max-tokens", 8, "--temperature", 1.0,
-                   "--top-k", 5, "--top-p", 0.9, "--seed", 3)  # fmt: skip
+    sampled = invoke(
+        "generate",
+        "--ckpt",
+        run,
+        "--prompt",
+        "The cat",
+        "--max-tokens",
+        8,
+        "--temperature",
+        1.0,
+        "--top-k",
+        5,
+        "--top-p",
+        0.9,
+        "--seed",
+        3,
+    )
+    again = invoke(
+        "generate",
+        "--ckpt",
+        run,
+        "--prompt",
+        "The cat",
+        "--max-tokens",
+        8,
+        "--temperature",
+        1.0,
+        "--top-k",
+        5,
+        "--top-p",
+        0.9,
+        "--seed",
+        3,
+    )
     assert sampled.output == again.output  # seeded
 
 
@@ -84,9 +118,9 @@ def test_resume_is_exact(tmp_path, corpus_file):
 
 
 def test_generate_user_errors(tmp_path, corpus_file):
-    r = invoke("generate", "--ckpt", tmp_path / "nope", "--prompt", "x", ok=False)
+    r = invoke("generate", "--ckpt", tmp_path / "nope", "--prompt", "x", code=None)
     assert r.exit_code != 0 and "nope" in r.output and "Traceback" not in r.output
-    r = invoke("generate", "--ckpt", tmp_path, ok=False)
+    r = invoke("generate", "--ckpt", tmp_path, code=None)
     assert r.exit_code != 0 and "--prompt" in r.output
-    r = invoke("generate", "--ckpt", tmp_path, "--prompt", "x", "--top-p", 0, ok=False)
+    r = invoke("generate", "--ckpt", tmp_path, "--prompt", "x", "--top-p", 0, code=None)
     assert r.exit_code != 0 and "--top-p" in r.output

@@ -5,35 +5,37 @@ squad_v2 (local JSON), infilling (local JSONL) — on a tiny model and generated
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
-
-from tests.test_lm_pipeline import invoke, lm_recipe
+from conftest import invoke
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    from tests.conftest import english_lines
-
+def lm_run(tiny_lm, tmp_path_factory):
+    """The shared tiny LM, copied: these tests evaluate into the run and finetune beside it."""
     tmp = tmp_path_factory.mktemp("lmtasks")
-    corpus = tmp / "corpus"
-    corpus.mkdir()
-    for i in range(40):
-        (corpus / f"doc{i:02d}.txt").write_text("\n".join(english_lines(30, seed=i)) + "\n")
-    recipe = lm_recipe(tmp, corpus, "gated_ssm", "ul2", steps=2)
-    invoke("pretrain", recipe, "-q")
-    return tmp, tmp / "runs" / "gated_ssm-ul2"
+    shutil.copytree(tiny_lm, tmp / "runs" / tiny_lm.name)
+    return tmp, tmp / "runs" / tiny_lm.name
 
 
 def tiny_phonebook(tmp):
     recipe = {
         "base": "phonebook_tiny",
-        "task": {"max_seq_length": 256, "phonebook": {"train_books": 24, "validation_books": 6, "entries": [2, 5],
-                                                      "queries": [1, 2]}},
-        "train": {"steps": 3, "batch_size": 4, "eval_every": 0, "checkpoint_every": 0, "log_every": 1,
-                  "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
+        "task": {
+            "max_seq_length": 256,
+            "phonebook": {"train_books": 24, "validation_books": 6, "entries": [2, 5], "queries": [1, 2]},
+        },
+        "train": {
+            "steps": 3,
+            "batch_size": 4,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "log_every": 1,
+            "out_dir": str(tmp / "runs"),
+        },
+    }
     path = tmp / "pb.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -63,11 +65,34 @@ def test_phonebook_finetune_then_evaluate(lm_run):
 def test_instruct_finetune_on_local_pairs(lm_run):
     tmp, run = lm_run
     pairs = tmp / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"prompt": f"Say {w}.", "response": f"{w}!"}) + "\n"
-                             for w in ["yes", "no", "maybe", "hello", "goodbye", "thanks"] * 4))  # fmt: skip
-    invoke("finetune", "--ckpt", run, "--task", "instruct", "--train-file", pairs, "--name", "inst", "-q",
-           "--set", "train.epochs=null", "--set", "train.steps=2", "--set", "train.batch_size=2",
-           "--set", "task.max_seq_length=64", "--set", f"train.out_dir={tmp / 'runs'}")  # fmt: skip
+    pairs.write_text(
+        "".join(
+            json.dumps({"prompt": f"Say {w}.", "response": f"{w}!"}) + "\n"
+            for w in ["yes", "no", "maybe", "hello", "goodbye", "thanks"] * 4
+        )
+    )
+    invoke(
+        "finetune",
+        "--ckpt",
+        run,
+        "--task",
+        "instruct",
+        "--train-file",
+        pairs,
+        "--name",
+        "inst",
+        "-q",
+        "--set",
+        "train.epochs=null",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "task.max_seq_length=64",
+        "--set",
+        f"train.out_dir={tmp / 'runs'}",
+    )
     ft = tmp / "runs" / "inst"
     assert json.loads((ft / "run.json").read_text())["task"] == "instruct"
     assert (ft / "summary.json").is_file()
@@ -75,15 +100,15 @@ def test_instruct_finetune_on_local_pairs(lm_run):
 
 def test_lm_task_errors_are_one_line(lm_run, tmp_path):
     tmp, run = lm_run
-    r = invoke("finetune", "--ckpt", run, "--task", "sst2", ok=False)
+    r = invoke("finetune", "--ckpt", run, "--task", "sst2", code=None)
     assert r.exit_code != 0 and "phonebook" in r.output and "Traceback" not in r.output
-    r = invoke("finetune", "--ckpt", run, "--task", "instruct", ok=False)
+    r = invoke("finetune", "--ckpt", run, "--task", "instruct", code=None)
     assert r.exit_code != 0 and "--train-file" in r.output
-    r = invoke("evaluate", "--ckpt", run, "--task", "infilling", ok=False)
+    r = invoke("evaluate", "--ckpt", run, "--task", "infilling", code=None)
     assert r.exit_code != 0 and "--validation-file" in r.output and "Traceback" not in r.output
-    r = invoke("evaluate", "--ckpt", run, "--task", "squad_v2", ok=False)  # offline, no local files
+    r = invoke("evaluate", "--ckpt", run, "--task", "squad_v2", code=None)  # offline, no local files
     assert r.exit_code != 0 and "--data-dir" in r.output and "Traceback" not in r.output
-    r = invoke("evaluate", "--ckpt", run, "--task", "lm-eval:hellaswag", "--limit", 2, ok=False)  # hub task, offline
+    r = invoke("evaluate", "--ckpt", run, "--task", "lm-eval:hellaswag", "--limit", 2, code=None)  # hub task, offline
     assert r.exit_code != 0 and "--data-dir" in r.output and "Traceback" not in r.output
 
 
@@ -91,12 +116,34 @@ def test_squad_and_infilling_evaluations(lm_run, tmp_path):
     from ssmlm.data.infilling import synthetic_items, write_jsonl
 
     tmp, run = lm_run
-    squad = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [{
-        "context": "The cat sat on the mat near the door.",
-        "qas": [{"id": "a", "question": "Where did the cat sit?", "is_impossible": False,
-                 "answers": [{"text": "on the mat", "answer_start": 8}]},
-                {"id": "b", "question": "Who is the king?", "is_impossible": True, "answers": [],
-                 "plausible_answers": [{"text": "cat", "answer_start": 4}]}]}]}]}  # fmt: skip
+    squad = {
+        "version": "v2.0",
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": "The cat sat on the mat near the door.",
+                        "qas": [
+                            {
+                                "id": "a",
+                                "question": "Where did the cat sit?",
+                                "is_impossible": False,
+                                "answers": [{"text": "on the mat", "answer_start": 8}],
+                            },
+                            {
+                                "id": "b",
+                                "question": "Who is the king?",
+                                "is_impossible": True,
+                                "answers": [],
+                                "plausible_answers": [{"text": "cat", "answer_start": 4}],
+                            },
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
     (tmp_path / "dev-v2.0.json").write_text(json.dumps(squad))
     invoke("evaluate", "--ckpt", run, "--task", "squad_v2", "--data-dir", tmp_path)
     result = json.loads((run / "eval" / "squad_v2-validation.json").read_text())

@@ -11,10 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from conftest import english_lines
-from typer.testing import CliRunner
+from conftest import english_lines, invoke
 
-from ssmlm.cli import app
 from ssmlm.data.phonebook import PhoneBook, books, make_book, read_prompt_response, render, write_jsonl
 from ssmlm.data.reserved import END, PARADIGMS, START
 from ssmlm.data.tokenizer import train_byte_bpe
@@ -144,8 +142,10 @@ def tokenizer():
 def pairs(n: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     words = ["cat", "dog", "tree", "river", "house", "bird"]
-    return [{"prompt": " ".join(rng.choice(words, rng.integers(1, 6))), "response": f"{rng.choice(words)} {i}",
-             "id": i} for i in range(n)]  # fmt: skip
+    return [
+        {"prompt": " ".join(rng.choice(words, rng.integers(1, 6))), "response": f"{rng.choice(words)} {i}", "id": i}
+        for i in range(n)
+    ]
 
 
 def test_encode_pair_and_row_layout(tokenizer):
@@ -261,10 +261,20 @@ def test_score_book_by_position():
     gold = ["111-222-3333", "444-555-6666", "777-888-9999"]
     assert parse_numbers("x 111-222-3333,444-555-6666 12-345-6789 777-888-99990") == gold[:2] + ["777-888-9999"]
     assert score_book("111-222-3333, 444-555-6666, 777-888-9999", gold) == {
-        "queries": 3, "correct": 3, "all_correct": True, "digits": 30, "digits_correct": 30}  # fmt: skip
+        "queries": 3,
+        "correct": 3,
+        "all_correct": True,
+        "digits": 30,
+        "digits_correct": 30,
+    }
     assert score_book("444-555-6666, 111-222-3333, 777-888-9999", gold)["correct"] == 1  # order matters
     assert score_book("111-222-3333", gold) == {
-        "queries": 3, "correct": 1, "all_correct": False, "digits": 30, "digits_correct": 10}  # fmt: skip
+        "queries": 3,
+        "correct": 1,
+        "all_correct": False,
+        "digits": 30,
+        "digits_correct": 10,
+    }
     assert score_book("", gold)["correct"] == 0
     # digits count position by position within the j-th number: 3 of 10 right here, none for the missing two
     assert score_book("191-000-0030", gold)["digits_correct"] == 3
@@ -283,7 +293,12 @@ def test_shorter_numbers_for_small_designs():
     gold = ["0471", "9935"]
     assert parse_numbers("0471, 99351, 9935 12 0471", like="0471") == ["0471", "9935", "0471"]
     assert score_book("0471, 9935", gold) == {
-        "queries": 2, "correct": 2, "all_correct": True, "digits": 8, "digits_correct": 8}  # fmt: skip
+        "queries": 2,
+        "correct": 2,
+        "all_correct": True,
+        "digits": 8,
+        "digits_correct": 8,
+    }
     assert score_book("0471, 9934", gold)["digits_correct"] == 7
     with pytest.raises(DataError, match="1-digit numbers for up to 8 entries"):
         books(1, seed=0, entries=(4, 8), digits=1)
@@ -304,21 +319,15 @@ def test_summarize_tables():
     assert m["by_queries"]["2"] == {"books": 2, "number_accuracy": 0.75, "all_correct": 0.5, "digit_accuracy": 35 / 40}
     assert list(m["by_entries"]) == ["8-15", "256-511", "512+"]
     assert m["by_entries"]["8-15"] == {
-        "books": 2, "number_accuracy": pytest.approx(2 / 3), "all_correct": 0.5, "digit_accuracy": 25 / 30}  # fmt: skip
+        "books": 2,
+        "number_accuracy": pytest.approx(2 / 3),
+        "all_correct": 0.5,
+        "digit_accuracy": 25 / 30,
+    }
     assert [entry_bin(n) for n in (1, 7, 8, 15, 16, 800)] == ["1-7", "1-7", "8-15", "8-15", "16-31", "512+"]
 
 
 # ----------------------------------------------------------------------------- a tiny LM run
-
-
-runner = CliRunner()
-
-
-def invoke(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, f"ssmlm {' '.join(map(str, args))} failed:\n{result.output}"
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -333,13 +342,25 @@ def lm_run(tmp_path_factory):
     recipe = {
         "base": "lm_tiny",
         "name": "pb",
-        "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 1, "state_size": 32, "num_heads": 2,
-                  "max_seq_length": 256},
+        "model": {
+            "arch": "gated_ssm",
+            "hidden_size": 32,
+            "num_layers": 1,
+            "state_size": 32,
+            "num_heads": 2,
+            "max_seq_length": 256,
+        },
         "data": {"source": str(corpus), "vocab_size": 500},
         "objective": {"mixture": "birdie", "min_sample_space": 16},
-        "train": {"steps": 2, "batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
-                  "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
+        "train": {
+            "steps": 2,
+            "batch_size": 2,
+            "log_every": 1,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "out_dir": str(tmp / "runs"),
+        },
+    }
     (tmp / "pb.yaml").write_text(yaml.safe_dump(recipe))
     invoke("pretrain", tmp / "pb.yaml", "-q")
     return tmp / "runs" / "pb"
@@ -380,8 +401,9 @@ def test_prompt_objective_through_a_real_model_under_jit(lm_run):
     obj = PromptResponseObjective(ps, ps, gen.tokenizer, 256, batch_size=2, seed=0)
     batch = obj.eval_batches()[0]
     out = nnx.jit(PromptResponseObjective.eval)(gen.model, batch)
-    logits = np.asarray(gen.model(batch.tokens, segment_ids=batch.segment_ids, token_types=batch.token_types,
-                                  positions=batch.positions))  # fmt: skip
+    logits = np.asarray(
+        gen.model(batch.tokens, segment_ids=batch.segment_ids, token_types=batch.token_types, positions=batch.positions)
+    )
     hit, w, seg = logits.argmax(-1) == batch.targets, batch.loss_weights, batch.segment_ids
     samples = [(r, k) for r in range(2) for k in range(1, seg[r].max() + 1)]
     exact = sum(bool(hit[r][(seg[r] == k) & (w[r] > 0)].all()) for r, k in samples)
@@ -394,8 +416,9 @@ def test_prompt_objective_through_a_real_model_under_jit(lm_run):
 def write_eval(run, records, name="phonebook-validation.json"):
     (run / "eval").mkdir(exist_ok=True)
     path = run / "eval" / name
-    path.write_text(json.dumps({"run": str(run), "task": "phonebook", "metrics": summarize(records),
-                                "records": records}))  # fmt: skip
+    path.write_text(
+        json.dumps({"run": str(run), "task": "phonebook", "metrics": summarize(records), "records": records})
+    )
     return path
 
 
@@ -407,15 +430,19 @@ def test_analyze_phonebook_plot_and_csv(lm_run, tmp_path):
     other.mkdir()
     for f in ("run.json", "recipe.yaml"):
         shutil.copy(lm_run / f, other / f)
-    r = invoke("analyze", "phonebook", "--ckpt", other, ok=False)
+    r = invoke("analyze", "phonebook", "--ckpt", other, code=None)
     assert r.exit_code != 0 and "ssmlm evaluate --ckpt" in r.output and "--task phonebook" in r.output
     old = write_eval(other, [{"entries": 9, "queries": 1, "correct": 0, "all_correct": False}], "phonebook-z.json")
     os.utime(old, (1, 1))  # older (though later by name): only the newest evaluation counts
-    write_eval(other, [
-        {"entries": 9, "queries": 1, "correct": 1, "all_correct": True},
-        {"entries": 20, "queries": 2, "correct": 1, "all_correct": False},
-        {"entries": 21, "queries": 2, "correct": 2, "all_correct": True},
-    ], "phonebook-b.json")  # fmt: skip
+    write_eval(
+        other,
+        [
+            {"entries": 9, "queries": 1, "correct": 1, "all_correct": True},
+            {"entries": 20, "queries": 2, "correct": 1, "all_correct": False},
+            {"entries": 21, "queries": 2, "correct": 2, "all_correct": True},
+        ],
+        "phonebook-b.json",
+    )
     write_eval(lm_run, [{"entries": 40, "queries": 3, "correct": 1, "all_correct": False}])
     out = tmp_path / "plots"
     invoke("analyze", "phonebook", "--ckpt", other, "--ckpt", lm_run, "--out", out)

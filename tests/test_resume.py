@@ -13,19 +13,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_recipe
-from typer.testing import CliRunner
+from conftest import invoke, tiny_recipe
 
-from ssmlm.cli import app
 from ssmlm.runs import open_run
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    r = runner.invoke(app, [str(a) for a in args])
-    assert r.exit_code == 0, r.output
-    return r
 
 
 @pytest.fixture
@@ -61,8 +51,20 @@ def test_sigkill_resumes_from_last_complete_checkpoint(recipe, tmp_path):
     """Checkpoint every step so the kill very likely lands inside an (asynchronous) save."""
     os.chdir(tmp_path)
     run_dir = tmp_path / "runs/killed"
-    args = [sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--name", "killed", "-q",
-            "--set", "train.steps=400", "--set", "train.checkpoint_every=1"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "ssmlm",
+        "pretrain",
+        str(recipe),
+        "--name",
+        "killed",
+        "-q",
+        "--set",
+        "train.steps=400",
+        "--set",
+        "train.checkpoint_every=1",
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
@@ -73,8 +75,7 @@ def test_sigkill_resumes_from_last_complete_checkpoint(recipe, tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    r = runner.invoke(app, [a for a in args[3:]] + ["--stop-after", "1"])
-    assert r.exit_code == 0, r.output
+    r = invoke(*args[3:], "--stop-after", "1")
     assert "resuming" in r.output
     resumed_from = int(re.search(r"from\s+step\s+(\d+)", r.output).group(1))
     assert resumed_from >= 5

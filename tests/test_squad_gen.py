@@ -9,12 +9,9 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import english_lines
-from typer.testing import CliRunner
+from conftest import invoke
 
 from ssmlm.analyze.squad_length import analyze_squad_length
-from ssmlm.cli import app
 from ssmlm.data.qa import load_answerable, prompt
 from ssmlm.errors import DataError, UserError
 from ssmlm.evaluate import squad_metrics
@@ -25,8 +22,6 @@ from ssmlm.evaluate.qa_metrics import (
     contains_label_normalized,
     token_f1,
 )
-
-runner = CliRunner()
 
 # --- metrics ---------------------------------------------------------------------------------------------------
 
@@ -160,38 +155,13 @@ def test_by_length_bins():
 # --- evaluation on a tiny pretrained LM ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    """A gated-SSM LM pretrained for 2 steps through the CLI (as test_lm_pipeline does)."""
-    tmp = tmp_path_factory.mktemp("squadgen")
-    corpus = tmp / "corpus"
-    corpus.mkdir()
-    for i in range(20):
-        (corpus / f"doc{i:02d}.txt").write_text("\n".join(english_lines(20, seed=i) + CONTEXTS) + "\n")
-    recipe = {
-        "base": "lm_tiny",
-        "name": "tiny",
-        "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "num_heads": 2,
-                  "max_seq_length": 64},
-        "data": {"source": str(corpus), "vocab_size": 300},
-        "objective": {"mixture": "birdie_fixed", "min_sample_space": 16},
-        "train": {"steps": 2, "batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
-                  "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
-    path = tmp / "tiny.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    result = runner.invoke(app, ["pretrain", str(path), "-q"])
-    assert result.exit_code == 0, result.output
-    return tmp / "runs" / "tiny"
-
-
-def test_evaluate_squad_on_a_tiny_model(lm_run, tmp_path):
+def test_evaluate_squad_on_a_tiny_model(tiny_lm, tmp_path):
     from ssmlm.evaluate.qa_metrics import score
     from ssmlm.evaluate.squad_gen import evaluate_squad
     from ssmlm.models.decode import Sampling
     from ssmlm.runs.generate import load_generator
 
-    gen = load_generator(lm_run)
+    gen = load_generator(tiny_lm)
     items = load_answerable(str(dev_json(tmp_path / "squad")), limit=3, seed=0)
     out = evaluate_squad(gen, items, max_new_tokens=5, progress=False)
     recs = out["records"]
@@ -223,8 +193,13 @@ def test_evaluate_squad_on_a_tiny_model(lm_run, tmp_path):
 
 def write_eval(run_dir: Path, name: str, by_len: list[dict]) -> None:
     (run_dir / "eval").mkdir(parents=True, exist_ok=True)
-    result = {"run": name, "task": "squad_v2", "metrics": {"contains_label": 1.0, "f1": 2.0, "items": 3},
-              "by_length": by_len, "records": []}  # fmt: skip
+    result = {
+        "run": name,
+        "task": "squad_v2",
+        "metrics": {"contains_label": 1.0, "f1": 2.0, "items": 3},
+        "by_length": by_len,
+        "records": [],
+    }
     (run_dir / "eval" / "squad_v2-validation.json").write_text(json.dumps(result))
 
 
@@ -254,11 +229,13 @@ def test_analyze_squad_length_csv(tmp_path):
 
 
 def test_analyze_cli_and_missing_evaluation(tmp_path):
-    write_eval(tmp_path / "a", "birdie", [{"bin": "0-128", "lo": 0, "hi": 128, "n": 2, "contains": 50.0,
-                                          "contains_normalized": 50.0, "f1": 25.0}])  # fmt: skip
-    r = runner.invoke(app, ["analyze", "squad-length", "--ckpt", str(tmp_path / "a"), "--out", str(tmp_path / "o")])
-    assert r.exit_code == 0, r.output
+    write_eval(
+        tmp_path / "a",
+        "birdie",
+        [{"bin": "0-128", "lo": 0, "hi": 128, "n": 2, "contains": 50.0, "contains_normalized": 50.0, "f1": 25.0}],
+    )
+    invoke("analyze", "squad-length", "--ckpt", tmp_path / "a", "--out", tmp_path / "o")
     assert (tmp_path / "o" / "squad_length.png").is_file()
     (tmp_path / "bare").mkdir()
-    r = runner.invoke(app, ["analyze", "squad-length", "--ckpt", str(tmp_path / "a"), "--ckpt", str(tmp_path / "bare")])
+    r = invoke("analyze", "squad-length", "--ckpt", tmp_path / "a", "--ckpt", tmp_path / "bare", code=None)
     assert r.exit_code != 0 and "bare" in r.output and "squad_v2" in r.output and "Traceback" not in r.output
