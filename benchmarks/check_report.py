@@ -106,7 +106,9 @@ def page_of(target: Path, out: Path | None = None) -> Path:
 
 
 def main() -> int:
-    from ssmlm.analyze.report import build_report, find_browser, screenshot
+    from page_check import find_browser, screenshot  # beside this script (its directory is on sys.path)
+
+    from ssmlm.analyze.report import build_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", type=Path, help="run directories or report pages (index.html)")
