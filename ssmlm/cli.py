@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from ssmlm import checks
-from ssmlm.data.config import LM_TASK_RECIPES
+from ssmlm.data.lm_tasks import LM_TASKS, default_recipe, finetuning_tasks
 from ssmlm.data.sources import check_inputs
 from ssmlm.errors import Interrupted, UserError
 from ssmlm.models.config import is_lm
@@ -476,7 +476,7 @@ def finetune(
     if ckpt:
         checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
     lm = is_lm(_run_arch(ckpt)) if ckpt else False
-    r = _load(recipe, set_, LM_TASK_RECIPES.get(task, "lm_finetune") if lm else "finetune_default")
+    r = _load(recipe, set_, default_recipe(task) if lm else "finetune_default")
     _check_training_options(name, stop_after)
     if not ckpt and is_lm(r.model.arch):
         raise UserError(f"--init random of a language model ({r.model.arch}) needs --ckpt RUN (its tokenizer)")
@@ -541,7 +541,7 @@ def _check_encoder_task(r) -> int:
     check_inputs(r, data=False)  # the corpus and tokenizer are the source run's
     from ssmlm.data.tasks import TASKS, get_task
 
-    if r.task.name in LM_TASK_RECIPES:  # a language model's task asked of an encoder: say what would work
+    if r.task.name in finetuning_tasks():  # a language model's task asked of an encoder: say what would work
         raise UserError(f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
                         "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
                         "finetune that")  # fmt: skip
@@ -555,12 +555,12 @@ def _check_encoder_task(r) -> int:
 
 
 def _check_lm_task(r, ckpt: str) -> int:
-    # the language models' tasks (ssmlm.train.parts.prompts.LM_TASKS, whose import takes seconds), by their recipes
-    if r.task.name not in LM_TASK_RECIPES:
+    # the language models' tasks, by their declarations (ssmlm.data.lm_tasks: no import of the training code)
+    if r.task.name not in finetuning_tasks():
         raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
-                        f"{', '.join(LM_TASK_RECIPES)}")  # fmt: skip
-    if r.task.name == "instruct" and not r.task.train_file:
-        raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
+                        f"{', '.join(finetuning_tasks())}")  # fmt: skip
+    if LM_TASKS[r.task.name].needs_train_file and not r.task.train_file:
+        raise UserError(f"--task {r.task.name} needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
     return 0
 
 

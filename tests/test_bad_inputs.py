@@ -582,7 +582,7 @@ def test_evaluate_a_task_an_encoder_run_cannot_do_gives_advice_that_works(traine
     """Refused at once (the model is not loaded) with advice that works: the recipes it names exist, and
     phone-book finetuning is a language model's task."""
     from ssmlm.recipe import load_recipe
-    from ssmlm.train.parts.prompts import LM_TASKS
+    from ssmlm.data.lm_tasks import LM_TASKS
 
     r = invoke("evaluate", "--ckpt", trained.run, "--task", task)
     assert_refused_early(r, *advice)

@@ -241,15 +241,6 @@ def test_training_names_what_it_waits_on(tmp_path, corpus_file, monkeypatch, cap
     assert any(line.startswith("pretrain 2/4: toy update took 0.") for line in took), took
 
 
-def test_the_quick_task_check_knows_every_language_model_task():
-    """`ssmlm finetune` checks a language model's --task against its own table (before the seconds-long imports
-    of the training code): the same tasks as the training code's."""
-    from ssmlm.data.config import LM_TASK_RECIPES
-    from ssmlm.train.parts.prompts import LM_TASKS
-
-    assert set(LM_TASK_RECIPES) == set(LM_TASKS)
-
-
 def test_a_hidden_bar_leaves_the_start_spinner_up():
     """Work that runs its bar hidden (progress off) is still waited on: the start spinner stays."""
     con = terminal()

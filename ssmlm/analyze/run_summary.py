@@ -112,15 +112,14 @@ def objective_line(run) -> str:
 
 def data_line(run) -> str:
     """The corpus (as the preprocessing described it, with its size) and the tokenizer."""
+    from ssmlm.data.lm_tasks import LM_TASKS
+
     r = run.recipe
     if run.kind == "finetune":
         task = run.info.get("task") or r.task.name
-        if task == "phonebook":
-            pb = r.task.phonebook
-            return (
-                f"generated phone books: {pb.train_books:,} for training, {pb.validation_books:,} for validation; "
-                f"{pb.entries[0]}–{pb.entries[1]} entries, {pb.queries[0]}–{pb.queries[1]} numbers asked each"
-            )
+        declared = LM_TASKS.get(task)
+        if declared is not None and declared.data_line is not None:  # a language model's task says it itself
+            return declared.data_line(r.task)
         files = [f for f in (r.task.train_file, r.task.data_dir) if f]
         return f"task {task}" + (f" ({files[0]})" if files else "")
     meta = read_json(Path(run.info.get("data_dir") or "/nonexistent") / "metadata.json")

@@ -68,11 +68,6 @@ class PhonebookSettings:
     digits: int = 10  # the paper's DDD-DDD-DDDD; fewer: one run of digits (a design small models can learn)
 
 
-# a language model's finetuning tasks and their default recipes (the training code, ssmlm.train.parts.prompts,
-# holds the same names; kept here so that the CLI and experiment files check a task before seconds-long imports)
-LM_TASK_RECIPES = {"phonebook": "phonebook_finetune", "instruct": "instruct_finetune"}
-
-
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     """A finetuning task: a known name, or local files with named columns."""

@@ -11,14 +11,26 @@ metrics (numbers only, printed as the table), and the per-item records / bins th
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ssmlm.data.lm_tasks import LM_TASKS, evaluation_tasks, function
 from ssmlm.errors import UserError
 from ssmlm.runs import Run
 
-LM_EVAL_TASKS = ("phonebook", "squad_v2", "infilling")
 EVAL_SEED = 2_000_003  # evaluation books/items come from their own seed stream (never a training one)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalRequest:
+    """What `ssmlm evaluate` passes a task's evaluation (ssmlm.data.lm_tasks) besides the run and its generator."""
+
+    data_dir: str | None = None
+    validation_file: str | None = None
+    limit: int | None = None
+    batch_size: int = 8
+    split: str = "validation"
 
 
 def evaluate_lm_task(
@@ -32,29 +44,20 @@ def evaluate_lm_task(
 ) -> dict[str, Any]:
     if task.startswith("lm-eval:"):
         return _harness(run, task, data_dir, limit, batch_size)
-    if task not in LM_EVAL_TASKS:
-        known = ", ".join(LM_EVAL_TASKS)
+    if task not in evaluation_tasks():
+        known = ", ".join(evaluation_tasks())
         raise UserError(f"--task {task!r}: a language model is evaluated on {known} or lm-eval:TASKS")
     from ssmlm.progress import activity
     from ssmlm.runs.generate import load_generator
 
     with activity(f"loading {run.dir}"):
         gen = load_generator(run.dir)
-    if task == "phonebook":
-        out = _phonebook(run, gen, limit)
-    elif task == "squad_v2":
-        from ssmlm.data.qa import load_answerable
-        from ssmlm.evaluate.squad_gen import evaluate_squad
-
-        with activity(f"reading SQuAD v2 ({split})"):
-            items = load_answerable(data_dir, split=split, limit=limit, seed=EVAL_SEED)
-        out = evaluate_squad(gen, items)
-    else:
-        out = _infilling(gen, data_dir, validation_file, limit, batch_size)
+    request = EvalRequest(data_dir, validation_file, limit, batch_size, split)
+    out = function(LM_TASKS[task].evaluation)(run, gen, request)
     return {"run": str(run.dir), "task": task, "split": split, "step": gen.step, **out}
 
 
-def _phonebook(run: Run, gen, limit: int | None) -> dict:
+def phonebook(run: Run, gen, request: EvalRequest) -> dict:
     """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed."""
     from ssmlm.data.phonebook import phonebook_books
     from ssmlm.evaluate.phonebook import evaluate_phonebook
@@ -62,16 +65,27 @@ def _phonebook(run: Run, gen, limit: int | None) -> dict:
     task = run.recipe.task
     settings = task.phonebook
     seq_len = task.max_seq_length or run.recipe.model.max_seq_length
-    n = limit or settings.validation_books
+    n = request.limit or settings.validation_books
 
     items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED, "drawing books")
     return evaluate_phonebook(gen, items)
 
 
-def _infilling(gen, data_dir: str | None, validation_file: str | None, limit: int | None, batch_size: int) -> dict:
+def squad_v2(run: Run, gen, request: EvalRequest) -> dict:
+    from ssmlm.data.qa import load_answerable
+    from ssmlm.evaluate.squad_gen import evaluate_squad
+    from ssmlm.progress import activity
+
+    with activity(f"reading SQuAD v2 ({request.split})"):
+        items = load_answerable(request.data_dir, split=request.split, limit=request.limit, seed=EVAL_SEED)
+    return evaluate_squad(gen, items)
+
+
+def infilling(run: Run, gen, request: EvalRequest) -> dict:
     from ssmlm.data.infilling import read_jsonl
     from ssmlm.evaluate.infilling import evaluate_infilling
 
+    data_dir, validation_file, limit = request.data_dir, request.validation_file, request.limit
     path = Path(validation_file) if validation_file else (Path(data_dir) / "infilling.jsonl" if data_dir else None)
     if path is None:
         raise UserError(
@@ -79,7 +93,7 @@ def _infilling(gen, data_dir: str | None, validation_file: str | None, limit: in
             "--validation-file FILE or --data-dir DIR with infilling.jsonl (format: ssmlm.data.infilling)"
         )
     items = read_jsonl(path)
-    return evaluate_infilling(gen, items[:limit] if limit else items, batch_size=batch_size)
+    return evaluate_infilling(gen, items[:limit] if limit else items, batch_size=request.batch_size)
 
 
 def _harness(run: Run, task: str, include_path: str | None, limit: int | None, batch_size: int) -> dict:

@@ -23,15 +23,15 @@ def check_task(run: Run, task) -> None:
     """An encoder run asked for a task it cannot do refuses at once, before its model is loaded, with advice that
     works: a language-model task names the recipes that make a language model; a task it has not been
     finetuned on, the command that finetunes it."""
+    from ssmlm.data.lm_tasks import LM_TASKS, evaluation_tasks
     from ssmlm.data.tasks import TASKS
-    from ssmlm.evaluate.lm import LM_EVAL_TASKS
     from ssmlm.models import is_lm
 
     name = task.name if task is not None else None
     if not name or is_lm(run.recipe.model.arch):
         return
-    if name.startswith("lm-eval:") or (name in LM_EVAL_TASKS and name not in TASKS):
-        then = ", finetune it with `--task phonebook --recipe phonebook_tiny`" if name == "phonebook" else ""
+    if name.startswith("lm-eval:") or (name in evaluation_tasks() and name not in TASKS):
+        then = LM_TASKS[name].encoder_hint if name in LM_TASKS else ""
         raise UserError(
             f"--task {name!r} is for language models, and {run.dir} is an encoder ({run.recipe.model.arch}): "
             "pretrain a language model (e.g. `ssmlm pretrain birdie_gated_ssm` or clm_gated_ssm; `ssmlm recipes` "

@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from ssmlm import yamlfile
-from ssmlm.data.config import LM_TASK_RECIPES
+from ssmlm.data.lm_tasks import finetuning_tasks
 from ssmlm.errors import UserError
 
 STAGES = ("pretrain", "finetune", "evaluate", "analyze")
@@ -364,7 +364,7 @@ def _check_task(r, exp: Experiment, field: str, fail) -> None:
     if not (r.task.name or r.task.train_file):
         raise fail(field, "no task: give task: NAME (e.g. builtin-order) or set task.train_file=...")
     # a language model's task is checked by its training code; a local task (task.train_file) may have any name
-    if r.task.name and r.task.name not in LM_TASK_RECIPES and not r.task.train_file:
+    if r.task.name and r.task.name not in finetuning_tasks() and not r.task.train_file:
         from ssmlm.data.tasks import get_task
 
         try:

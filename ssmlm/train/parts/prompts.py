@@ -6,8 +6,9 @@ model is copied from the source run. Validation reports the target-token loss an
 model reproduces exactly under teacher forcing (which is what greedy decoding would generate); `ssmlm evaluate
 --task phonebook` then decodes for real.
 
-Tasks: ``phonebook`` (Birdie §4.3, A.9: generated books, ``task.phonebook``) and ``instruct`` (App. A.12:
-``task.train_file`` = a local JSONL of prompt/response pairs or a hub alias, ``ssmlm.data.instruct``).
+Tasks: those whose declaration (ssmlm.data.lm_tasks) names a reader: ``phonebook`` (Birdie §4.3, A.9: generated
+books, ``task.phonebook``) and ``instruct`` (App. A.12: ``task.train_file`` = a local JSONL of prompt/response
+pairs or a hub alias, ``ssmlm.data.instruct``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ssmlm.data.finetune_task import check_train_file
+from ssmlm.data.lm_tasks import LM_TASKS, finetuning_tasks, function
 from ssmlm.errors import UserError
 from ssmlm.progress import activity, console
 from ssmlm.recipe import Recipe
@@ -22,37 +25,41 @@ from ssmlm.runs import Run
 from ssmlm.train import loop
 from ssmlm.train.parts import Work, local_rows, source_weights, total_steps
 
-LM_TASKS = {
-    "phonebook": "Birdie phone-book retrieval: generated books, the numbers of the queried names (finetune, evaluate)",
-    "instruct": "instruction tuning on prompt/response pairs: --train-file JSONL, or flan / openhermes from the hub",
-}
-
 
 def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int, quiet: bool = False) -> tuple[list[dict], list[dict]]:
-    """(training, validation) prompt/response pairs of the recipe's task (``quiet``: no progress bars)."""
+    """(training, validation) prompt/response pairs of the recipe's task (``quiet``: no progress bars), read by
+    the reader its declaration names (ssmlm.data.lm_tasks)."""
     task = recipe.task
-    seed = recipe.train.seed
-    if task.name == "phonebook":
-        from ssmlm.data.phonebook import phonebook_books
+    declared = LM_TASKS.get(task.name)
+    if declared is None or declared.reader is None:
+        known = ", ".join(finetuning_tasks())
+        raise UserError(f"--task {task.name!r}: a language model finetunes on {known}")
+    check_train_file(task)
+    return function(declared.reader)(recipe, tokenizer, seq_len, quiet)
 
-        pb = task.phonebook
-        # validation books come from another seed stream than the training books (never the same book)
-        label = lambda which: None if quiet else f"{which} phone books"  # noqa: E731
-        train = phonebook_books(pb, tokenizer, seq_len, pb.train_books, seed, progress=label("training"))
-        val = phonebook_books(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003, label("validation"))
-        return [b.to_dict() for b in train], [b.to_dict() for b in val]
-    if task.name == "instruct":
-        from ssmlm.data.instruct import load_pairs
 
-        if not task.train_file:
-            raise UserError("--task instruct needs --train-file: a prompt/response JSONL, or flan / openhermes")
-        train = load_pairs(task.train_file, "train", seed=seed)
-        if task.validation_file:
-            return train, load_pairs(task.validation_file, "validation", seed=seed)
-        k = min(task.validation_examples, len(train) // 10)  # a held-out tail: a tenth at most
-        return (train[:-k], train[-k:]) if k else (train, [])
-    known = ", ".join(LM_TASKS)
-    raise UserError(f"--task {task.name!r}: a language model finetunes on {known}")
+def phonebook_pairs(recipe: Recipe, tokenizer, seq_len: int, quiet: bool) -> tuple[list[dict], list[dict]]:
+    """Generated phone books (task.phonebook); the validation books from another seed stream than the training
+    books (never the same book)."""
+    from ssmlm.data.phonebook import phonebook_books
+
+    pb, seed = recipe.task.phonebook, recipe.train.seed
+    label = lambda which: None if quiet else f"{which} phone books"  # noqa: E731
+    train = phonebook_books(pb, tokenizer, seq_len, pb.train_books, seed, progress=label("training"))
+    val = phonebook_books(pb, tokenizer, seq_len, pb.validation_books, seed + 1_000_003, label("validation"))
+    return [b.to_dict() for b in train], [b.to_dict() for b in val]
+
+
+def instruct_pairs(recipe: Recipe, tokenizer, seq_len: int, quiet: bool) -> tuple[list[dict], list[dict]]:
+    """task.train_file's pairs (a JSONL or a hub alias); validation: task.validation_file's, else a held-out tail."""
+    from ssmlm.data.instruct import load_pairs
+
+    task, seed = recipe.task, recipe.train.seed
+    train = load_pairs(task.train_file, "train", seed=seed)
+    if task.validation_file:
+        return train, load_pairs(task.validation_file, "validation", seed=seed)
+    k = min(task.validation_examples, len(train) // 10)  # a held-out tail: a tenth at most
+    return (train[:-k], train[-k:]) if k else (train, [])
 
 
 def resolve(recipe: Recipe, source: Run, seq_len: int) -> Recipe:
@@ -104,6 +111,6 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
     info = {"kind": "finetune", "source": str(source.dir), "task": recipe.task.name, "head": "lm",
             "metrics": ["exact_match", "loss", "token_accuracy"]}  # fmt: skip
     files = {}
-    if recipe.task.name == "phonebook":  # what was validated on, for the record
-        files["phonebook-validation.jsonl"] = "".join(json.dumps(p) + "\n" for p in val)
+    if LM_TASKS[recipe.task.name].keeps_validation:  # what was validated on, for the record
+        files[f"{recipe.task.name}-validation.jsonl"] = "".join(json.dumps(p) + "\n" for p in val)
     return Work(recipe, stage, info, source.dir / "tokenizer.json", files, selection="exact_match")
