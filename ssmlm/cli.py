@@ -18,10 +18,13 @@ import typer
 from typer.core import TyperGroup
 
 from ssmlm import checks
-from ssmlm.data.lm_tasks import LM_TASKS, default_recipe, finetuning_tasks
+from ssmlm.data.finetune_task import check_encoder_task, check_lm_task, task_name, with_task_options
+from ssmlm.data.lm_tasks import default_recipe
 from ssmlm.data.sources import check_inputs
 from ssmlm.errors import Interrupted, UserError
+from ssmlm.evaluate.printouts import print_best_validation, print_plan, print_summary, write_result, write_seeds
 from ssmlm.models.config import is_lm
+from ssmlm.run_recipe import check_max_tokens, run_arch
 
 # What Typer raises for a command-line mistake: Click's ClickException (recent Typer versions vendor Click).
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -170,52 +173,6 @@ def _train(kind: str, recipe, run_dir: Path, quiet: bool, **kw) -> dict:
         return drive(kind, recipe, run_dir, quiet=quiet, hooks=[LossPlot(run_dir), started], **kw)
 
 
-def _print_plan(p: dict) -> None:
-    from rich.console import Console
-
-    from ssmlm.evaluate.terminal import titled
-
-    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
-    t = titled(f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
-    t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, {p['width']}")
-    t.add_row("sequence length / vocab", f"{p['seq_len']} / {p['vocab_size']:,}")
-    t.add_row("parameters", f"{p['params_total']:,} ({p['params_total'] / 1e6:.1f}M)")
-    t.add_row(
-        "parameters without embeddings", f"{p['params_non_embedding']:,} ({p['params_non_embedding'] / 1e6:.1f}M)"
-    )
-    t.add_row("training FLOPs / token", f"{p['train_flops_per_token']:.3e}")
-    t.add_row("tokens / step", f"{p['tokens_per_step']:,}")
-    t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps")
-    m = p["memory_bytes"]
-    t.add_row("memory: params / AdamW / grads", f"{gib(m['params'])} / {gib(m['optimizer'])} / {gib(m['gradients'])}")
-    t.add_row("memory: total (before activations)", gib(m["total"]))
-    Console().print(t)
-
-
-def _print_summary(summary: dict, run_dir: Path) -> None:
-    from rich.console import Console
-
-    from ssmlm.evaluate.terminal import metric_text, titled
-
-    t = titled(f"{summary.get('kind', '')} → {run_dir}", show_header=False)
-    t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
-    for k, v in (summary.get("train") or {}).items():
-        t.add_row(f"train {k}", metric_text(k, v))
-    val = summary.get("validation") or {}
-    per_config = [v for k, v in val.items() if k.startswith("config_loss_")]
-    for k, v in val.items():
-        if not k.startswith("config_loss_"):  # Birdie's per-configuration losses: summarised below
-            t.add_row(f"validation {k}", metric_text(k, v))
-    if per_config:
-        t.add_row(f"validation loss per configuration ({len(per_config)})",
-                  f"{min(per_config):.3f} – {max(per_config):.3f}")  # fmt: skip
-    if summary.get("seconds") is not None:
-        t.add_row("seconds", str(summary["seconds"]))
-    if summary.get("launches", 1) > 1:  # a run stopped and started again: its whole time
-        t.add_row(f"seconds over {summary['launches']} starts", str(summary["seconds_total"]))
-    Console().print(t)
-
-
 # ----------------------------------------------------------------------------- commands
 
 
@@ -283,11 +240,11 @@ def pretrain(
             from ssmlm.train.plan import plan
 
             the_plan = plan(r)
-        return _print_plan(the_plan)
+        return print_plan(the_plan)
     run_dir = _run_dir(r, name)
     _check_run_dir(r, run_dir)
     summary = _train("pretrain", r, run_dir, quiet=quiet, stop_after=stop_after)
-    _print_summary(summary, run_dir)
+    print_summary(summary, run_dir)
 
 
 @app.command("extend-length")
@@ -318,23 +275,7 @@ def extend_length(
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
     _check_run_dir(r, run_dir)
     summary = _train("extend-length", r, run_dir, quiet=quiet, stop_after=stop_after)
-    _print_summary(summary, run_dir)
-
-
-def _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir=None,
-                    no_header=False):  # fmt: skip
-    changes = {
-        "header": False if no_header else None,
-        "name": task,
-        "data_dir": data_dir,
-        "train_file": train_file,
-        "validation_file": validation_file,
-        "text_fields": text_fields.split(",") if text_fields else None,
-        "label_field": label_field,
-        "num_labels": num_labels,
-    }
-    changes = {k: v for k, v in changes.items() if v is not None}
-    return dataclasses.replace(r, task=dataclasses.replace(r.task, **changes))
+    print_summary(summary, run_dir)
 
 
 FinetuneTaskOpt = Annotated[
@@ -475,7 +416,7 @@ def finetune(
         raise UserError("finetune needs a checkpoint: pass --ckpt RUN_DIR (or --init-from FINETUNED_RUN)")
     if ckpt:
         checks.run_dir(ckpt, "--init-from" if init_from else "--ckpt")
-    lm = is_lm(_run_arch(ckpt)) if ckpt else False
+    lm = is_lm(run_arch(ckpt)) if ckpt else False
     r = _load(recipe, set_, default_recipe(task) if lm else "finetune_default")
     _check_training_options(name, stop_after)
     if not ckpt and is_lm(r.model.arch):
@@ -487,100 +428,32 @@ def finetune(
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
-    r = _task_overrides(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir,
+    r = with_task_options(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir,
                         no_header)  # fmt: skip
-    num_labels = _check_lm_task(r, ckpt) if lm else _check_encoder_task(r)
+    num_labels = check_lm_task(r, ckpt) if lm else check_encoder_task(r)
     if dry_run:
         with _starting("finetune --dry-run", quiet):
             from ssmlm.train.plan import plan_finetune
 
             the_plan = plan_finetune(r, ckpt, num_labels)
-        return _print_plan(the_plan)
+        return print_plan(the_plan)
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     start = Path(ckpt).name if ckpt else r.name
-    base_name = name or f"{start}-{'random-' if init == 'random' else ''}{_task_name(r.task)}"
+    base_name = name or f"{start}-{'random-' if init == 'random' else ''}{task_name(r.task)}"
     _check_run_dir(r, _run_dir(r, base_name))
     results = []
     for seed in seed_list:
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
         summary = _train("finetune", rs, run_dir, quiet=quiet, stop_after=stop_after, init=init)
-        _print_summary(summary, run_dir)
-        best = summary.get("best_validation")
-        if best and not lm:
-            from ssmlm.evaluate.terminal import metric_text
-
-            values = ", ".join(f"{k} {metric_text(k, v)}" for k, v in best.items() if k not in ("step", "split"))
-            typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): "
-                       f"{values} (optimistic: the official BiGS script reports this one)")  # fmt: skip
+        print_summary(summary, run_dir)
+        if not lm:
+            print_best_validation(summary)
         results.append(summary)
     if seeds:
-        _report_seeds(results, seed_list, _run_dir(r, f"{base_name}-seeds.json"))
+        from ssmlm.experiment.stats import over_seeds
 
-
-def _task_name(task) -> str:
-    """The task's name in its run's name: --task, else the training file's (polarity-train.csv: polarity)."""
-    if task.name or not task.train_file:
-        return task.name or "task"
-    from ssmlm.data.tasks import local_task_name
-
-    return local_task_name(task.train_file)
-
-
-def _run_arch(ckpt: str) -> str:
-    """model.arch of a run directory, read from its recipe.yaml without building anything."""
-    import yaml
-
-    raw = yaml.safe_load((Path(ckpt).expanduser() / "recipe.yaml").read_text()) or {}
-    return (raw.get("model") or {}).get("arch", "bigs")
-
-
-def _check_encoder_task(r) -> int:
-    """An encoder's task: its files exist and its name is known, a local task's files and labels are read and checked
-    (before the slow imports); its label count."""
-    check_inputs(r, data=False)  # the corpus and tokenizer are the source run's
-    from ssmlm.data.tasks import TASKS, get_task
-
-    if r.task.name in finetuning_tasks():  # a language model's task asked of an encoder: say what would work
-        raise UserError(f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
-                        "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
-                        "finetune that")  # fmt: skip
-    if r.task.train_file and r.task.name not in TASKS:  # a local task: its files, columns and labels, before jax
-        from ssmlm.data.tasks import load_task
-
-        return load_task(r.task, r.train.seed).definition.num_labels
-    if r.task.name:
-        get_task(r.task.name)
-    return r.task.num_labels or (get_task(r.task.name).num_labels if r.task.name else 2)
-
-
-def _check_lm_task(r, ckpt: str) -> int:
-    # the language models' tasks, by their declarations (ssmlm.data.lm_tasks: no import of the training code)
-    if r.task.name not in finetuning_tasks():
-        raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
-                        f"{', '.join(finetuning_tasks())}")  # fmt: skip
-    if LM_TASKS[r.task.name].needs_train_file and not r.task.train_file:
-        raise UserError(f"--task {r.task.name} needs --train-file: a prompt/response JSONL, or flan / openhermes (hub)")
-    return 0
-
-
-def _report_seeds(summaries: list[dict], seeds: list[int], path: Path) -> None:
-    """Mean and standard deviation over seeds of the final and the best validation metrics."""
-    import numpy as np
-
-    out = {"seeds": seeds, "final": {}, "best": {}}
-    getters = {"final": lambda s: s.get("validation") or {}, "best": lambda s: s.get("best_validation") or {}}
-    for kind, get in getters.items():
-        for k, v in get(summaries[0]).items():
-            if isinstance(v, float):
-                vals = np.array([get(s)[k] for s in summaries])
-                std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-                out[kind][k] = {"mean": float(vals.mean()), "std": std, "values": vals.tolist()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    for k, v in out["final"].items():
-        typer.echo(f"{k}: {v['mean']:.4f} ± {v['std']:.4f} over {len(seeds)} seeds (final)")
-    typer.echo(f"wrote {path}")
+        write_seeds(over_seeds(results, seed_list), _run_dir(r, f"{base_name}-seeds.json"))
 
 
 @app.command()
@@ -646,27 +519,7 @@ def evaluate(
                               validation_file=validation_file, limit=limit,
                               submission=Path(submission) if submission else None,
                               predictions_file=Path(predictions) if predictions else None)  # fmt: skip
-    _write_result(result, Path(out) if out else None, run)
-
-
-def _write_result(result: dict, path: Path | None, run) -> None:
-    """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default) and print its numeric metrics."""
-    from rich.console import Console
-
-    path = path or run.dir / "eval" / f"{result['task']}-{result['split']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    from ssmlm.evaluate.terminal import metric_text, titled
-
-    t = titled(f"{result['task']} / {result['split']} — {run.dir} (step {result['step']})")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    for k, v in result["metrics"].items():
-        if isinstance(v, int | float):
-            t.add_row(k, metric_text(k, v))
-    Console().print(t)
-    also = [result[k] for k in ("submission", "predictions") if result.get(k)]
-    typer.echo(f"wrote {path}" + "".join(f" and {p}" for p in also))
+    write_result(result, Path(out) if out else None, run)
 
 
 @app.command()
@@ -732,7 +585,7 @@ def generate(
             raise UserError(f"--file {file}: no such file")
         prompt = path.read_text(encoding="utf-8")
     checks.run_dir(ckpt, "--ckpt")
-    _check_max_tokens(ckpt, max_tokens)
+    check_max_tokens(ckpt, max_tokens)
     from ssmlm.progress import activity
 
     with activity(f"loading {ckpt}"):
@@ -749,21 +602,6 @@ def generate(
 
         gen(prompt, sampling, stop or (), on_text=show)
     typer.echo()
-
-
-def _check_max_tokens(ckpt: str, max_tokens: int) -> None:
-    """--max-tokens against the run's saved model section, before the slow imports (a damaged or non-LM run is
-    left to load_generator to explain)."""
-    import yaml
-
-    from ssmlm.models.decode_limits import check_new_tokens, lm_config_of
-
-    try:
-        cfg = lm_config_of(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text()).get("model") or {})
-    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
-        return
-    if cfg is not None:
-        check_new_tokens(cfg, max_tokens)
 
 
 def _register_analyses() -> None:
@@ -880,7 +718,11 @@ def experiment(
         exp = dataclasses.replace(exp, seeds=exp.seeds[:seeds])
     out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
     if dry_run:
-        return _print_experiment_plan(exp, out_dir)
+        from ssmlm.experiment.plan import dry_run_lines
+
+        for line in dry_run_lines(exp, out_dir):
+            typer.echo(line)
+        return
     checks.output_dir(out_dir, "--out" if out else "experiment directory")
     from ssmlm.experiment.report import markdown, write
     from ssmlm.experiment.runner import run_experiment
@@ -896,29 +738,6 @@ def experiment(
     typer.echo(f"wrote {paths['md']}, results.csv, results.json, results.png")
     if any(a["status"] != "ok" for a in res["arms"].values()):
         raise typer.Exit(1)
-
-
-def _print_experiment_plan(exp, out_dir: Path) -> None:
-    from ssmlm.experiment.runner import build_plan
-
-    plan = build_plan(exp, out_dir)  # in the order of work: seed by seed
-    for job in plan.jobs:
-        start = f" from {job.recipe.train.init_from}" if job.kind == "finetune" and job.recipe.train.init_from else ""
-        init = " (init: random)" if job.init == "random" else ""
-        where = {"evaluate": "/eval", "analyze": "/analysis"}.get(job.kind, "")
-        typer.echo(f"{job.label}: {job.run_dir}{where}{start}{init}")
-    if "evaluate" in exp.stages and exp.grid:
-        splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))
-        typer.echo(f"then evaluate ({splits}): {len(exp.arms) * len(exp.seeds)} runs at each arm's selected grid point")
-    if "analyze" in exp.stages and exp.grid:
-        names = sorted({n for a in exp.arms.values() for n, _ in a["analyze"].analyses})
-        typer.echo(f"then analyze ({', '.join(names)}) each arm × seed's last run, in RUN/analysis")
-    if exp.reference is None:
-        ref = "none (one arm: no comparisons)"
-    else:
-        ref = exp.reference if isinstance(exp.reference, str) else "per arm (" + ", ".join(
-            f"{a} vs {r}" for a, r in exp.reference.items()) + ")"  # fmt: skip
-    typer.echo(f"metric {exp.metric} ({exp.metric.goal}), reference {ref}")
 
 
 @app.command()

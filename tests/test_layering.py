@@ -24,6 +24,7 @@ LAYER = {
     "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
     "models": 2,
     "recipe": 3, "checks": 3, "data": 3,
+    "run_recipe": 3,  # a run's recipe.yaml read as plain YAML, for the CLI's checks before jax (runs/ imports it)
     "evaluate": 3,  # evaluate/: metrics, tables and the one eval step and loop (runner), for objectives and train
     "objectives": 4,
     "runs": 5,

@@ -89,13 +89,13 @@ def test_analyze_prints_tables_and_json_on_request(tmp_path, monkeypatch):
 
 def test_run_summary_at_80_columns(monkeypatch, capsys):
     """The table after training: its title (the run's path) on one line, counts as integers."""
-    from ssmlm.cli import _print_summary
+    from ssmlm.evaluate.printouts import print_summary
 
     monkeypatch.setenv("COLUMNS", "80")
     summary = {"kind": "pretrain", "start_step": 0, "final_step": 30, "seconds": 41.2,
                "train": {"loss": 6.34091, "masked_tokens": 2275.0},
                "validation": {"loss": 6.1, "examples": 96.0}}  # fmt: skip
-    _print_summary(summary, Path("runs/default-builtin-order"))
+    print_summary(summary, Path("runs/default-builtin-order"))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].strip() == "pretrain → runs/default-builtin-order", lines
     text = "\n".join(lines)

@@ -76,3 +76,22 @@ def paired_difference(values: dict, reference: dict, level: float = LEVEL) -> In
     if not seeds:
         return None
     return t_interval([values[s] - reference[s] for s in seeds], level)
+
+
+def spread(values) -> dict:
+    """{"mean", "std" (n - 1 degrees of freedom; 0 for one value), "values"}: a metric over seeds as
+    `ssmlm finetune --seeds` records it (RUN-seeds.json)."""
+    x = np.asarray(values, dtype=float)
+    std = float(x.std(ddof=1)) if len(x) > 1 else 0.0
+    return {"mean": float(x.mean()), "std": std, "values": x.tolist()}
+
+
+def over_seeds(summaries: list[dict], seeds: list[int]) -> dict:
+    """The spread over the seeds' runs of each final and best validation metric (the first run's float fields)."""
+    out = {"seeds": seeds, "final": {}, "best": {}}
+    getters = {"final": lambda s: s.get("validation") or {}, "best": lambda s: s.get("best_validation") or {}}
+    for kind, get in getters.items():
+        for k, v in get(summaries[0]).items():
+            if isinstance(v, float):
+                out[kind][k] = spread([get(s)[k] for s in summaries])
+    return out

@@ -1,0 +1,98 @@
+"""What a command prints when it is done: a dry run's plan (`--dry-run`), a training run's summary, an
+evaluation's metrics (written to its JSON first) and `finetune --seeds`' spread over seeds (written too)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def print_plan(p: dict) -> None:
+    """A dry run's plan (ssmlm.train.plan): the model's size, its FLOPs and the memory it needs."""
+    from rich.console import Console
+
+    from ssmlm.evaluate.terminal import titled
+
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    t = titled(f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
+    t.add_row("architecture", f"{p['arch']}: {p['layers']} layers, d={p['hidden_size']}, {p['width']}")
+    t.add_row("sequence length / vocab", f"{p['seq_len']} / {p['vocab_size']:,}")
+    t.add_row("parameters", f"{p['params_total']:,} ({p['params_total'] / 1e6:.1f}M)")
+    t.add_row(
+        "parameters without embeddings", f"{p['params_non_embedding']:,} ({p['params_non_embedding'] / 1e6:.1f}M)"
+    )
+    t.add_row("training FLOPs / token", f"{p['train_flops_per_token']:.3e}")
+    t.add_row("tokens / step", f"{p['tokens_per_step']:,}")
+    t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps")
+    m = p["memory_bytes"]
+    t.add_row("memory: params / AdamW / grads", f"{gib(m['params'])} / {gib(m['optimizer'])} / {gib(m['gradients'])}")
+    t.add_row("memory: total (before activations)", gib(m["total"]))
+    Console().print(t)
+
+
+def print_summary(summary: dict, run_dir: Path) -> None:
+    """A finished training run's summary.json: its steps, final training and validation metrics, its time."""
+    from rich.console import Console
+
+    from ssmlm.evaluate.terminal import metric_text, titled
+
+    t = titled(f"{summary.get('kind', '')} → {run_dir}", show_header=False)
+    t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
+    for k, v in (summary.get("train") or {}).items():
+        t.add_row(f"train {k}", metric_text(k, v))
+    val = summary.get("validation") or {}
+    per_config = [v for k, v in val.items() if k.startswith("config_loss_")]
+    for k, v in val.items():
+        if not k.startswith("config_loss_"):  # Birdie's per-configuration losses: summarised below
+            t.add_row(f"validation {k}", metric_text(k, v))
+    if per_config:
+        t.add_row(f"validation loss per configuration ({len(per_config)})",
+                  f"{min(per_config):.3f} – {max(per_config):.3f}")  # fmt: skip
+    if summary.get("seconds") is not None:
+        t.add_row("seconds", str(summary["seconds"]))
+    if summary.get("launches", 1) > 1:  # a run stopped and started again: its whole time
+        t.add_row(f"seconds over {summary['launches']} starts", str(summary["seconds_total"]))
+    Console().print(t)
+
+
+def print_best_validation(summary: dict) -> None:
+    """An encoder's best validation metrics seen during training, under its summary (the final ones are in it)."""
+    best = summary.get("best_validation")
+    if not best:
+        return
+    from ssmlm.evaluate.terminal import metric_text
+
+    values = ", ".join(f"{k} {metric_text(k, v)}" for k, v in best.items() if k not in ("step", "split"))
+    typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): "
+               f"{values} (optimistic: the official BiGS script reports this one)")  # fmt: skip
+
+
+def write_result(result: dict, path: Path | None, run) -> None:
+    """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default) and print its numeric metrics."""
+    from rich.console import Console
+
+    path = path or run.dir / "eval" / f"{result['task']}-{result['split']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    from ssmlm.evaluate.terminal import metric_text, titled
+
+    t = titled(f"{result['task']} / {result['split']} — {run.dir} (step {result['step']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in result["metrics"].items():
+        if isinstance(v, int | float):
+            t.add_row(k, metric_text(k, v))
+    Console().print(t)
+    also = [result[k] for k in ("submission", "predictions") if result.get(k)]
+    typer.echo(f"wrote {path}" + "".join(f" and {p}" for p in also))
+
+
+def write_seeds(over_seeds: dict, path: Path) -> None:
+    """Write ssmlm.experiment.stats.over_seeds' result (RUN-seeds.json) and print each final metric's spread."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(over_seeds, indent=2))
+    for k, v in over_seeds["final"].items():
+        typer.echo(f"{k}: {v['mean']:.4f} ± {v['std']:.4f} over {len(over_seeds['seeds'])} seeds (final)")
+    typer.echo(f"wrote {path}")
