@@ -228,7 +228,9 @@ def validate(recipe, source: str = "recipe") -> None:
     """Raise a RecipeError for the first field outside its range or relation that does not hold.
     ``source`` is the recipe file, or the loader's Origins (which file or --set set each key)."""
     lm = is_lm(recipe.model.arch)
-    for field, rule in FIELDS.items():
+    # a family outside models.config.CONFIGS (its module imported on use) brings the ranges of its own fields
+    own = {f"model.{k}": rule for k, rule in type(recipe.model).FIELD_RANGES.items() if f"model.{k}" not in FIELDS}
+    for field, rule in {**FIELDS, **own}.items():
         if lm and field in ROW_LENGTH:
             continue  # the language-model relations below say it in a language model's terms
         for key, value in _items(recipe, field):

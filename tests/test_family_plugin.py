@@ -19,6 +19,7 @@ from flax import nnx
 from ssmlm.models.config import ModelConfig
 from ssmlm.models.layers import Encoder, dense, gelu, layer_norm
 from ssmlm.models.rules import common_rules
+from ssmlm.schema import above
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Config(ModelConfig):
     mix_scale: float = 1.0  # a field of this family alone
     POOLERS: ClassVar[dict] = {"toymix": "cls"}
     ROUTES: ClassVar[dict] = {"toymix": "toy / mean"}
+    FIELD_RANGES: ClassVar[dict] = {**ModelConfig.FIELD_RANGES, "mix_scale": above(0)}
 
 
 class Block(nnx.Module):
@@ -96,6 +98,14 @@ def test_a_family_module_trains_through_the_cli(toymix, tmp_path, corpus_file, m
     r = CliRunner().invoke(app, ["evaluate", "--ckpt", str(run)])
     assert r.exit_code == 0, r.output
     assert json.loads(next((run / "eval").glob("*.json")).read_text())["metrics"]["mlm_loss"] > 0
+
+
+def test_the_new_family_checks_its_own_field(toymix):
+    from ssmlm.errors import RecipeError
+    from ssmlm.recipe import load_recipe
+
+    with pytest.raises(RecipeError, match="'model.mix_scale' = -1.0: expected more than 0"):
+        load_recipe("default", ["model.arch=toymix", "model.mix_scale=-1.0"])
 
 
 def test_a_field_of_the_new_family_is_refused_elsewhere(toymix):

@@ -17,7 +17,8 @@ shared LMConfig and its ARCHS ssmlm.models.lm.LMBlock declarations. The shipped 
 also listed here in CONFIGS, so that reading and checking a recipe never imports jax (a test holds CONFIGS to
 the modules' own ``Config``); a family not listed there is imported when its arch is first named.
 
-RANGES, at the end, holds the allowed values of the section's fields (ssmlm.checks applies it to a recipe).
+RANGES, at the end, gathers the allowed values each config class declares of its fields (FIELD_RANGES);
+ssmlm.checks applies it to a recipe.
 """
 
 from __future__ import annotations
@@ -148,6 +149,19 @@ class ModelConfig:
     POOLERS: ClassVar[dict[str, str]] = {}  # arch -> its paper's finetuning pooler (model.pooler: None)
     ROUTES: ClassVar[dict[str, str]] = {}  # arch -> the BiGS paper's "arch / route" label (results tables)
     ATTENTION: ClassVar[frozenset[str]] = frozenset()  # archs whose num_heads must divide hidden_size
+    # field -> its allowed values (a schema Rule; ssmlm.checks): a family's class adds each numeric field of its own.
+    # Annotated as a plain dict: recipe loading resolves these hints in a plug-in family's own module
+    FIELD_RANGES: ClassVar[dict] = {
+        "vocab_size": POSITIVE,
+        "hidden_size": POSITIVE,
+        "num_layers": POSITIVE,
+        "intermediate_size": POSITIVE,
+        "max_seq_length": SEQ_LEN,
+        "type_vocab_size": POSITIVE,
+        "dropout": within(0, 1, hi_open=True),
+        "layer_norm_eps": above(0),
+        "initializer_range": above(0),
+    }
 
     def __new__(cls, *args, **kwargs):
         if cls is ModelConfig:  # dispatch to the family's own class
@@ -193,6 +207,7 @@ class BiGSConfig(SSMFields, ModelConfig):
     POOLERS: ClassVar[dict[str, str]] = {"bigs": "non_padding_mean", "gated_att": "non_padding_mean"}
     ROUTES: ClassVar[dict[str, str]] = {"bigs": "gated / ssm", "gated_att": "gated / att"}
     ATTENTION: ClassVar[frozenset[str]] = frozenset({"gated_att"})
+    FIELD_RANGES: ClassVar[dict] = {**ModelConfig.FIELD_RANGES, "num_ssm": POSITIVE, "num_heads": POSITIVE}
     # LayerNorm on the gate product U1 ⊗ Flip(U2) before W_u. Off = the paper's (and official) block; on,
     # no layer's branch can grow quadratically and drown the residual stream (docs/faithfulness.md#bigs-gate-norm;
     # on in recipes/default.yaml).
@@ -208,6 +223,7 @@ class StackConfig(SSMFields, ModelConfig):
     POOLERS: ClassVar[dict[str, str]] = {"bert": "cls", "stack_ssm": "non_padding_mean"}
     ROUTES: ClassVar[dict[str, str]] = {"stack_ssm": "stack / ssm", "bert": "stack / att"}
     ATTENTION: ClassVar[frozenset[str]] = frozenset({"bert"})
+    FIELD_RANGES: ClassVar[dict] = {**ModelConfig.FIELD_RANGES, "num_ssm": POSITIVE, "num_heads": POSITIVE}
     num_heads: int = 16  # bert: attention heads
     # pre-LN (academic-budget-bert, the controlled setting BiGS Table 1 cites) or BERT's post-LN
     stack_norm: Literal["pre", "post"] = "pre"
@@ -219,6 +235,7 @@ class GMLPConfig(ModelConfig):
 
     arch: Literal["gmlp", "amlp"] = "gmlp"
     POOLERS: ClassVar[dict[str, str]] = {"gmlp": "cls", "amlp": "cls"}
+    FIELD_RANGES: ClassVar[dict] = {**ModelConfig.FIELD_RANGES, "tiny_attention_size": POSITIVE}
     sgu: Literal["split_multiplicative", "multiplicative", "additive", "linear"] = (
         "split_multiplicative"  # gMLP Table 3
     )
@@ -239,6 +256,16 @@ class LMConfig(ModelConfig):
     arch: str = "gated_ssm"
     LANGUAGE_MODEL: ClassVar[bool] = True
     ATTENTION: ClassVar[frozenset[str]] = frozenset({"transformer_lm"})
+    FIELD_RANGES: ClassVar[dict] = {
+        **ModelConfig.FIELD_RANGES,
+        "num_heads": POSITIVE,
+        "state_size": POSITIVE,
+        "mlp_expansion": above(0),
+        "conv_width": POSITIVE,
+        "rope_base": above(0),
+        "rg_lru_c": above(0),
+        "norm_eps": above(0),
+    }
     state_size: int = 2560  # N, the recurrence width of the SSMs
     # which layers process the prefix bidirectionally (state split in halves, the second scanned right to
     # left inside the prefix): alternate = bidir, causal, bidir, … (the paper); all; none ("Birdie-Causal").
@@ -278,25 +305,7 @@ CONFIGS = {
 }
 
 
-# model.<field> -> its allowed values, for the fields of every family (a field a recipe's family lacks is
-# skipped); None always passes where a field allows it. A new numeric field of a family gets a line here.
-RANGES: dict[str, Rule] = {
-    "vocab_size": POSITIVE,
-    "hidden_size": POSITIVE,
-    "num_layers": POSITIVE,
-    "intermediate_size": POSITIVE,
-    "max_seq_length": SEQ_LEN,
-    "num_ssm": POSITIVE,
-    "type_vocab_size": POSITIVE,
-    "dropout": within(0, 1, hi_open=True),
-    "layer_norm_eps": above(0),
-    "initializer_range": above(0),
-    "num_heads": POSITIVE,
-    "tiny_attention_size": POSITIVE,
-    "state_size": POSITIVE,
-    "mlp_expansion": above(0),
-    "conv_width": POSITIVE,
-    "rope_base": above(0),
-    "rg_lru_c": above(0),
-    "norm_eps": above(0),
-}
+# model.<field> -> its allowed values, for the fields of every shipped family (ssmlm.checks applies it; a field a
+# recipe's family lacks is skipped): each config class's FIELD_RANGES, gathered. None always passes where a field
+# allows it.
+RANGES: dict[str, Rule] = {k: r for c in (ModelConfig, *CONFIGS.values()) for k, r in c.FIELD_RANGES.items()}
