@@ -22,7 +22,14 @@ from ssmlm.data.finetune_task import check_encoder_task, check_lm_task, task_nam
 from ssmlm.data.lm_tasks import default_recipe
 from ssmlm.data.sources import check_inputs
 from ssmlm.errors import Interrupted, UserError
-from ssmlm.evaluate.printouts import print_best_validation, print_plan, print_summary, write_result, write_seeds
+from ssmlm.evaluate.printouts import (
+    print_best_validation,
+    print_plan,
+    print_result,
+    print_summary,
+    write_result,
+    write_seeds,
+)
 from ssmlm.models.config import is_lm
 from ssmlm.run_recipe import check_max_tokens, run_arch
 
@@ -630,26 +637,13 @@ def _shown(command: str, fn, title: str):
         with _starting(command, bool(kwargs.get("quiet")), "working"):
             result = fn(*args, **kwargs)
         if result is not None:
-            _print_result(result, title, as_json)
+            print_result(result, title, as_json)
 
     signature = inspect.signature(fn, eval_str=True)
     json_option = inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt)
     wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), json_option])
     wrapper.__annotations__ = {**typing.get_type_hints(fn, include_extras=True), "as_json": JsonOpt}
     return wrapper
-
-
-def _print_result(result: dict, title: str, as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    from rich.console import Console
-
-    from ssmlm.evaluate.terminal import result_tables
-
-    console = Console()
-    for table in result_tables(result, title, console):
-        console.print(table)
 
 
 _register_analyses()

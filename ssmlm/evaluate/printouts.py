@@ -1,5 +1,6 @@
 """What a command prints when it is done: a dry run's plan (`--dry-run`), a training run's summary, an
-evaluation's metrics (written to its JSON first) and `finetune --seeds`' spread over seeds (written too)."""
+evaluation's metrics (written to its JSON first), `finetune --seeds`' spread over seeds (written too) and an
+analysis' result."""
 
 from __future__ import annotations
 
@@ -96,3 +97,17 @@ def write_seeds(over_seeds: dict, path: Path) -> None:
     for k, v in over_seeds["final"].items():
         typer.echo(f"{k}: {v['mean']:.4f} ± {v['std']:.4f} over {len(over_seeds['seeds'])} seeds (final)")
     typer.echo(f"wrote {path}")
+
+
+def print_result(result: dict, title: str, as_json: bool) -> None:
+    """A command's returned result (an analysis'): tables under ``title`` that fit 80 columns, or JSON."""
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    from rich.console import Console
+
+    from ssmlm.evaluate.terminal import result_tables
+
+    console = Console()
+    for table in result_tables(result, title, console):
+        console.print(table)
