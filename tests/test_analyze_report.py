@@ -24,11 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import english_lines, tiny_recipe
-from typer.testing import CliRunner
+from conftest import english_lines, invoke, tiny_recipe
 
 from ssmlm.analyze.report import MAX_ROWS, PARTS
-from ssmlm.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 # the headless-Chromium checker is a development tool beside benchmarks/check_report.py, not part of ssmlm
@@ -40,15 +38,12 @@ inspect_page, screenshot = page_check.inspect_page, page_check.screenshot
 PNG = b"\x89PNG\r\n\x1a\n"
 N = 16  # max_seq_length of the tiny runs
 EVAL = {
-    "run": "hand", "task": "sst2", "split": "validation", "step": 2,
+    "run": "hand",
+    "task": "sst2",
+    "split": "validation",
+    "step": 2,
     "metrics": {"accuracy": 0.8125, "f1": 0.6875, "loss": 0.43359375, "by_class": {"0": 0.75, "1": 0.875}},
-}  # fmt: skip
-
-
-def invoke(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    assert result.exit_code == 0, f"ssmlm {' '.join(map(str, args))} failed:\n{result.output}"
-    return result
+}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +96,23 @@ def toeplitz_by_hand(w: np.ndarray, n: int) -> np.ndarray:
 
 def test_spatial_values_are_the_checkpoint_weights(runs, tmp_path):
     out = tmp_path / "spatial"
-    res = json.loads(invoke("analyze", "spatial", "--ckpt", runs["gmlp"], "--out", out, "--layer", 1,
-                            "--token", 0, "--token", 5, "--json").stdout)  # fmt: skip
+    res = json.loads(
+        invoke(
+            "analyze",
+            "spatial",
+            "--ckpt",
+            runs["gmlp"],
+            "--out",
+            out,
+            "--layer",
+            1,
+            "--token",
+            0,
+            "--token",
+            5,
+            "--json",
+        ).stdout
+    )
     kernels = checkpoint_kernels(runs["gmlp"])
     assert kernels.shape == (2, 2 * N - 1)
     W = np.stack([toeplitz_by_hand(k, N) for k in kernels])
@@ -146,9 +156,11 @@ def test_spatial_dense_causal_weights(runs, tmp_path):
 
     corpus = runs["gmlp"].parent.parent / "corpus"
     recipe = tiny_recipe(
-        tmp_path / "dense.yaml", corpus, {"arch": "gmlp", "num_layers": 2, "max_seq_length": N, "spatial": "dense",
-        "causal": True}, train={"steps": 2, "out_dir": str(tmp_path / "runs")},
-    )  # fmt: skip
+        tmp_path / "dense.yaml",
+        corpus,
+        {"arch": "gmlp", "num_layers": 2, "max_seq_length": N, "spatial": "dense", "causal": True},
+        train={"steps": 2, "out_dir": str(tmp_path / "runs")},
+    )
     invoke("pretrain", recipe, "-q", "--name", "dense")
     run = tmp_path / "runs" / "dense"
     invoke("analyze", "spatial", "--ckpt", run, "--out", tmp_path / "out")
@@ -165,9 +177,9 @@ def test_spatial_dense_causal_weights(runs, tmp_path):
 
 
 def test_spatial_refuses_other_architectures_and_bad_options(runs):
-    r = CliRunner().invoke(app, ["analyze", "spatial", "--ckpt", str(runs["bigs"])])
+    r = invoke("analyze", "spatial", "--ckpt", runs["bigs"], code=None)
     assert r.exit_code != 0 and "no spatial projection" in r.output
-    r = CliRunner().invoke(app, ["analyze", "spatial", "--ckpt", str(runs["gmlp"]), "--token", str(N)])
+    r = invoke("analyze", "spatial", "--ckpt", runs["gmlp"], "--token", N, code=None)
     assert r.exit_code != 0 and f"--token {N}" in r.output
 
 
@@ -296,8 +308,9 @@ def test_report_page_shows_recipe_curves_evaluations_and_analyses(runs, report):
 
     # which analyses applied: spatial to the gMLP only; kernels and FLOPs to the BiGS
     assert list(by_run["gmlp"]["analyses"]["spatial"]) == [
-        str(out / "gmlp" / "spatial_middle.png"), str(out / "gmlp" / "spatial_tokens.png")
-    ]  # fmt: skip
+        str(out / "gmlp" / "spatial_middle.png"),
+        str(out / "gmlp" / "spatial_tokens.png"),
+    ]
     assert "spatial" in by_run["bigs"]["not_applicable"] and "spatial" not in by_run["bigs"]["analyses"]
     assert "Not applicable to this run: " in bigs and "spatial" in bigs.split("Not applicable to this run: ")[1]
     assert "kernels" in by_run["bigs"]["analyses"] and "kernels" in by_run["gmlp"]["not_applicable"]
@@ -319,8 +332,11 @@ def test_flops_figure_sets_the_paper_beside_only_its_own_size(runs):
 
     assert is_paper_config("BiGS", model_config(load_recipe("bigs_full")).cfg)
     assert not is_paper_config("BiGS", model_config(open_run(runs["bigs"]).recipe).cfg)
-    rows = [{"model": m, "length": n, "paper_flops": PAPER_TABLE6[n][m], "paper_config": True}
-            for m in ("BiGS", "BERT") for n in (128, 512)]  # fmt: skip
+    rows = [
+        {"model": m, "length": n, "paper_flops": PAPER_TABLE6[n][m], "paper_config": True}
+        for m in ("BiGS", "BERT")
+        for n in (128, 512)
+    ]
     bigs = [r for r in rows if r["model"] == "BiGS"]
     assert flops_panels(bigs) == ["flops"]  # the paper's size: its numbers beside ours, no other panel
     assert flops_panels([{**r, "paper_config": False} for r in bigs]) == ["flops", "growth"]
@@ -358,24 +374,50 @@ def lm_runs(runs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lmreport")
     corpus = runs["bigs"].parent.parent / "corpus"
     recipe = {
-        "base": "lm_tiny", "name": "birdie",
+        "base": "lm_tiny",
+        "name": "birdie",
         "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "max_seq_length": 128},
         "data": {"source": str(corpus), "vocab_size": 400, "validation_fraction": 0.2},  # 12 files: 2 held out
-        "objective": {"mixture": "birdie", "min_sample_space": 16,
-                      "controller": {"eval_scale": 0.02, "validation_rows": 1, "proposals": 32, "grok_iterations": 2,
-                                     "width": 16, "state_size": 16, "layers": 1}},
-        "train": {"steps": 6, "batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 1,
-                  "checkpoint_every": 0, "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
+        "objective": {
+            "mixture": "birdie",
+            "min_sample_space": 16,
+            "controller": {
+                "eval_scale": 0.02,
+                "validation_rows": 1,
+                "proposals": 32,
+                "grok_iterations": 2,
+                "width": 16,
+                "state_size": 16,
+                "layers": 1,
+            },
+        },
+        "train": {
+            "steps": 6,
+            "batch_size": 4,
+            "log_every": 1,
+            "eval_every": 0,
+            "eval_batches": 1,
+            "checkpoint_every": 0,
+            "out_dir": str(tmp / "runs"),
+        },
+    }
     (tmp / "birdie.yaml").write_text(yaml.safe_dump(recipe))
     invoke("pretrain", tmp / "birdie.yaml", "-q")
     phonebook = {
         "base": "phonebook_tiny",
-        "task": {"max_seq_length": 256, "phonebook": {"train_books": 8, "validation_books": 2, "entries": [2, 5],
-                                                      "queries": [1, 2]}},
-        "train": {"steps": 2, "batch_size": 4, "eval_every": 0, "checkpoint_every": 0, "log_every": 1,
-                  "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
+        "task": {
+            "max_seq_length": 256,
+            "phonebook": {"train_books": 8, "validation_books": 2, "entries": [2, 5], "queries": [1, 2]},
+        },
+        "train": {
+            "steps": 2,
+            "batch_size": 4,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "log_every": 1,
+            "out_dir": str(tmp / "runs"),
+        },
+    }
     (tmp / "pb.yaml").write_text(yaml.safe_dump(phonebook))
     invoke("finetune", "--ckpt", tmp / "runs" / "birdie", "--task", "phonebook", "--recipe", tmp / "pb.yaml", "-q")
     ft = tmp / "runs" / "birdie-phonebook"
@@ -384,9 +426,18 @@ def lm_runs(runs, tmp_path_factory):
         {"entries": 5, "queries": 2, "correct": 1, "all_correct": False, "digits": 20, "digits_correct": 12},
     ]
     (ft / "eval").mkdir()
-    (ft / "eval" / "phonebook-validation.json").write_text(json.dumps(
-        {"run": str(ft), "task": "phonebook", "split": "validation", "step": 2, "metrics": summarize(records),
-         "records": records}))  # fmt: skip
+    (ft / "eval" / "phonebook-validation.json").write_text(
+        json.dumps(
+            {
+                "run": str(ft),
+                "task": "phonebook",
+                "split": "validation",
+                "step": 2,
+                "metrics": summarize(records),
+                "records": records,
+            }
+        )
+    )
     return {"birdie": tmp / "runs" / "birdie", "phonebook": ft}
 
 
@@ -518,9 +569,14 @@ def test_agreement_figures_leave_out_empty_rows_and_mark_few(tmp_path):
     table = agreement_rows({"Sentential complement": 2, "Across prep phrase": 12})
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         plot_table5(table, "run (step 2)", tmp_path / "t5.png")
-        plot_attractors([{"attractors": 1, "items": 3, "skipped": 0, "correct": 1, "accuracy": 33.33},
-                         {"attractors": 2, "items": 20, "skipped": 0, "correct": 15, "accuracy": 75.0}],
-                        "run (step 2)", tmp_path / "f8.png")  # fmt: skip
+        plot_attractors(
+            [
+                {"attractors": 1, "items": 3, "skipped": 0, "correct": 1, "accuracy": 33.33},
+                {"attractors": 2, "items": 20, "skipped": 0, "correct": 15, "accuracy": 75.0},
+            ],
+            "run (step 2)",
+            tmp_path / "f8.png",
+        )
     words = svg_text(tmp_path / "t5.svg")
     assert "SV: Sentential complement (n=2)" in words and "SV: Across prep phrase (n=12)" in words
     assert "n=0" not in words and "Simple (n=" not in words  # rows with nothing scored are not set beside the paper
@@ -537,9 +593,11 @@ def test_a_report_entry_of_too_few_items_is_marked_and_its_figures_folded(tmp_pa
     from ssmlm.analyze.report import _analysis_block
 
     png = tmp_path / "fig.png"
-    png.write_bytes(base64.b64decode(
-        "iVBORw0KGgoAAAAASUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
-    ))  # fmt: skip
+    png.write_bytes(
+        base64.b64decode(
+            "iVBORw0KGgoAAAAASUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+        )
+    )
     entry = {"title": "Agreement", "figure": "BiGS Table 5", "images": [png], "numbers": {"items": 4}}
     plain = _analysis_block("agreement", entry, tmp_path)
     few = _analysis_block("agreement", {**entry, "too_few": "no condition has 10 scored items"}, tmp_path)
@@ -587,8 +645,9 @@ def test_broken_images_are_named_and_the_script_saves_screenshots(report, tmp_pa
     script = [sys.executable, str(ROOT / "benchmarks" / "check_report.py")]
     env = {"PYTHONPATH": str(ROOT), "PATH": str(Path(find_browser()).parent) + ":/usr/bin:/bin"}
     shots = tmp_path / "shots"
-    good = subprocess.run([*script, str(out / "index.html"), "--out", shots], capture_output=True, text=True, env=env,
-                          timeout=180)  # fmt: skip
+    good = subprocess.run(
+        [*script, str(out / "index.html"), "--out", shots], capture_output=True, text=True, env=env, timeout=180
+    )
     assert good.returncode == 0, good.stdout + good.stderr
     assert json.loads(good.stdout)["screenshot"] == str(shots / f"{out.name}.png")
     assert (shots / f"{out.name}.png").read_bytes().startswith(PNG)

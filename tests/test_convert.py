@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import invoke
 from flax import nnx, serialization
 from scipy.special import erf
 
@@ -254,9 +255,10 @@ def test_mlm_checkpoint_matches_official_equations(tmp_path):
 def test_classification_checkpoint_imports_as_finetune_run(tmp_path):
     tree = official_params(seed=3, classifier_labels=3)
     cfg = official_config(
-        architectures=["BiGSForSequenceClassification"], finetuning_task="mnli",
+        architectures=["BiGSForSequenceClassification"],
+        finetuning_task="mnli",
         id2label={"0": "entailment", "1": "neutral", "2": "contradiction"},
-    )  # fmt: skip
+    )
     src = write_official(tmp_path / "BiGS_tiny_MNLI", tree, cfg)
     out = import_bigs(src, tmp_path / "mnli_run")
 
@@ -374,23 +376,15 @@ def test_hub_source_offline_is_one_line(tmp_path, monkeypatch):
 def test_cli_import_then_analyze_and_finetune_from_mnli(tmp_path):
     """`ssmlm import-bigs` as a user runs it; then the MNLI convention: a 2-label finetune from a
     3-label (MNLI-style) checkpoint keeps encoder and pooler and starts a fresh classifier."""
-    from typer.testing import CliRunner
-
-    from ssmlm.cli import app
-
-    runner = CliRunner()
     write_official(tmp_path / "mlm", official_params(), official_config())
-    r = runner.invoke(app, ["import-bigs", str(tmp_path / "mlm"), "--out", str(tmp_path / "runs/imported")])
-    assert r.exit_code == 0, r.output
+    r = invoke("import-bigs", tmp_path / "mlm", "--out", tmp_path / "runs/imported")
     assert json.loads(r.stdout)["kind"] == "pretrain"
-    r = runner.invoke(app, ["analyze", "kernels", "--ckpt", str(tmp_path / "runs/imported")])
-    assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["evaluate", "--ckpt", str(tmp_path / "runs/imported")])
+    r = invoke("analyze", "kernels", "--ckpt", tmp_path / "runs/imported")
+    r = invoke("evaluate", "--ckpt", tmp_path / "runs/imported", code=None)
     assert r.exit_code == 2 and "has no MLM data of its own" in r.output
 
     write_official(tmp_path / "mnli", official_params(classifier_labels=3), official_config())
-    r = runner.invoke(app, ["import-bigs", str(tmp_path / "mnli"), "--out", str(tmp_path / "runs/mnli")])
-    assert r.exit_code == 0, r.output
+    r = invoke("import-bigs", tmp_path / "mnli", "--out", tmp_path / "runs/mnli")
     from ssmlm.models import build_classifier
     from ssmlm.runs import open_run
     from ssmlm.train.transplant import transplant

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import invoke
 
 from ssmlm.checks import FIELDS
 from ssmlm.cli import app
@@ -106,7 +107,6 @@ def test_readme_links_resolve():
 def test_the_finetuning_guides_experiment_file_loads_as_written(tmp_path, monkeypatch):
     """The guide's local-task experiment file, copied as a user would, is a valid experiment (every arm's recipes
     loaded with their overrides) once its files exist."""
-    from typer.testing import CliRunner
 
     from ssmlm.experiment.spec import load_experiment
 
@@ -121,5 +121,5 @@ def test_the_finetuning_guides_experiment_file_loads_as_written(tmp_path, monkey
     exp = load_experiment(tmp_path / "polarity.yaml")
     assert exp.reference == "random" and exp.arms["random"]["finetune"].init == "random"
     assert exp.arms["pretrained"]["finetune"].task == "polarity"
-    r = CliRunner().invoke(app, ["experiment", "polarity.yaml", "--dry-run"])
+    r = invoke("experiment", "polarity.yaml", "--dry-run", code=None)
     assert r.exit_code == 0 and "random" in r.output, r.output

@@ -7,22 +7,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import invoke
 from flax import nnx
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.models import build_mlm, extend_hook
 from ssmlm.models.config import fields_of
 from ssmlm.recipe import ModelConfig
 from ssmlm.runs import open_run
 from ssmlm.train.transplant import transplant
 
-runner = CliRunner()
-
 
 def cfg(arch, n, **kw):
-    base = dict(arch=arch, vocab_size=40, hidden_size=16, num_layers=2, intermediate_size=32, max_seq_length=n,
-                num_ssm=8, num_heads=2, tiny_attention_size=8, dropout=0.0)  # fmt: skip
+    base = dict(
+        arch=arch,
+        vocab_size=40,
+        hidden_size=16,
+        num_layers=2,
+        intermediate_size=32,
+        max_seq_length=n,
+        num_ssm=8,
+        num_heads=2,
+        tiny_attention_size=8,
+        dropout=0.0,
+    )
     return ModelConfig(**{k: v for k, v in base.items() if k in fields_of(arch)}, **kw)
 
 
@@ -83,9 +90,8 @@ train: {{steps: 2, batch_size: 4, log_every: 1, eval_every: 0, checkpoint_every:
 """
     )
     (tmp_path / "x.yaml").write_text("base: r.yaml\nmodel: {max_seq_length: 64}\n")
-    assert runner.invoke(app, ["pretrain", str(tmp_path / "r.yaml"), "--name", "src", "-q"]).exit_code == 0
-    r = runner.invoke(app, ["extend-length", str(tmp_path / "x.yaml"), "--from", str(tmp_path / "runs/src"), "-q"])
-    assert r.exit_code == 0, r.output
+    invoke("pretrain", tmp_path / "r.yaml", "--name", "src", "-q")
+    invoke("extend-length", tmp_path / "x.yaml", "--from", tmp_path / "runs/src", "-q")
     run = open_run(tmp_path / "runs/src-L64")
     assert run.recipe.model.max_seq_length == 64 and run.recipe.model.arch == arch
     summary = json.loads((run.dir / "summary.json").read_text())

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import invoke
 
 FAMILY = '''
 """A token-mixing toy: each block adds the mean of the sequence (over real tokens) to every position."""
@@ -74,20 +75,29 @@ def toymix(tmp_path, monkeypatch):
 
 
 def test_a_family_module_trains_through_the_cli(toymix, tmp_path, corpus_file, monkeypatch):
-    from typer.testing import CliRunner
 
-    from ssmlm.cli import app
     from ssmlm.evaluate.tables import _model_label
     from ssmlm.models.config import config_class, default_pooler, is_lm
 
     monkeypatch.chdir(tmp_path)
-    sets = ["model.arch=toymix", "model.mix_scale=0.5", "model.hidden_size=16", "model.num_layers=2",
-            "model.intermediate_size=32", "model.max_seq_length=32", "data.vocab_size=150",
-            "data.validation_fraction=0.1", f"data.source={corpus_file}", "objective.duplicate_factor=1",
-            "train.steps=1", "train.batch_size=4", "train.eval_every=0", "train.checkpoint_every=0",
-            f"train.out_dir={tmp_path / 'runs'}"]  # fmt: skip
-    r = CliRunner().invoke(app, ["pretrain", "--name", "toy", "-q"] + [x for s in sets for x in ("--set", s)])
-    assert r.exit_code == 0, r.output
+    sets = [
+        "model.arch=toymix",
+        "model.mix_scale=0.5",
+        "model.hidden_size=16",
+        "model.num_layers=2",
+        "model.intermediate_size=32",
+        "model.max_seq_length=32",
+        "data.vocab_size=150",
+        "data.validation_fraction=0.1",
+        f"data.source={corpus_file}",
+        "objective.duplicate_factor=1",
+        "train.steps=1",
+        "train.batch_size=4",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        f"train.out_dir={tmp_path / 'runs'}",
+    ]
+    invoke("pretrain", "--name", "toy", "-q", *[x for s in sets for x in ("--set", s)])
     run = tmp_path / "runs/toy"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_step"] == 1 and summary["kind"] == "pretrain"
@@ -95,8 +105,7 @@ def test_a_family_module_trains_through_the_cli(toymix, tmp_path, corpus_file, m
     cfg = config_class("toymix")(arch="toymix")
     assert not is_lm("toymix") and default_pooler(cfg) == "cls"
     assert _model_label({"arch": "toymix"}) == "toy / mean"
-    r = CliRunner().invoke(app, ["evaluate", "--ckpt", str(run)])
-    assert r.exit_code == 0, r.output
+    invoke("evaluate", "--ckpt", run)
     assert json.loads(next((run / "eval").glob("*.json")).read_text())["metrics"]["mlm_loss"] > 0
 
 

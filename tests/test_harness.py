@@ -13,15 +13,13 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from conftest import english_lines
+from conftest import english_lines, invoke
 from numerics import EPS32, assert_close_scaled
-from typer.testing import CliRunner
 
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from ssmlm.cli import app  # noqa: E402
 from ssmlm.data.reserved import PARADIGMS, START  # noqa: E402
 from ssmlm.errors import UserError  # noqa: E402
 from ssmlm.models.decode import Sampling  # noqa: E402
@@ -63,7 +61,8 @@ ROLLING = [" ".join(english_lines(8, seed=s)) for s in range(2)]
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A tiny gated-SSM run (d = 32) on Birdie's fixed-ratio mixture (prompts go in the prefix), pretrained for
-    2 steps through the CLI, max_seq_length 32 (so that rolling windows are exercised)."""
+    2 steps through the CLI, max_seq_length 32 (so that rolling windows are exercised: conftest's tiny_lm is
+    longer)."""
     tmp = tmp_path_factory.mktemp("harness-run")
     corpus = tmp / "corpus"
     corpus.mkdir()
@@ -75,12 +74,17 @@ def run_dir(tmp_path_factory):
         "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "max_seq_length": 32},
         "data": {"source": str(corpus), "vocab_size": 300},
         "objective": {"mixture": "birdie_fixed", "min_sample_space": 8},
-        "train": {"steps": 2, "batch_size": 4, "log_every": 1, "eval_every": 0, "checkpoint_every": 0,
-                  "out_dir": str(tmp / "runs")},
-    }  # fmt: skip
+        "train": {
+            "steps": 2,
+            "batch_size": 4,
+            "log_every": 1,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "out_dir": str(tmp / "runs"),
+        },
+    }
     (tmp / "r.yaml").write_text(yaml.safe_dump(recipe))
-    result = CliRunner().invoke(app, ["pretrain", str(tmp / "r.yaml"), "-q"])
-    assert result.exit_code == 0, result.output
+    invoke("pretrain", tmp / "r.yaml", "-q")
     return tmp / "runs" / "tiny"
 
 
@@ -91,21 +95,43 @@ def task_dir(tmp_path_factory):
 
     def task(name: str, rows: list[dict], **config):
         (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        spec = {"task": name, "dataset_path": "json",
-                "dataset_kwargs": {"data_files": {"test": str(d / f"{name}.jsonl")}},
-                "test_split": "test", **config, "metadata": {"version": 1.0}}  # fmt: skip
+        spec = {
+            "task": name,
+            "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"test": str(d / f"{name}.jsonl")}},
+            "test_split": "test",
+            **config,
+            "metadata": {"version": 1.0},
+        }
         (d / f"{name}.yaml").write_text(yaml.safe_dump(spec))
 
     acc = {"metric": "acc", "aggregation": "mean", "higher_is_better": True}
-    task("tiny_mc", MC, output_type="multiple_choice", doc_to_text="{{question}}", doc_to_choice="choices",
-         doc_to_target="label", metric_list=[acc])  # fmt: skip
-    task("tiny_gen", [{"question": f"{s}\nQ:", "answer": " yes"} for s in english_lines(3, seed=7)],
-         output_type="generate_until", doc_to_text="{{question}}", doc_to_target="{{answer}}",
-         generation_kwargs={"until": ["\n"], "max_gen_toks": 6, "do_sample": False},
-         metric_list=[{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}])  # fmt: skip
-    task("tiny_rolling", [{"text": t} for t in ROLLING],
-         output_type="loglikelihood_rolling", doc_to_text="", doc_to_target="{{text}}",
-         metric_list=[{"metric": "word_perplexity"}, {"metric": "bits_per_byte"}])  # fmt: skip
+    task(
+        "tiny_mc",
+        MC,
+        output_type="multiple_choice",
+        doc_to_text="{{question}}",
+        doc_to_choice="choices",
+        doc_to_target="label",
+        metric_list=[acc],
+    )
+    task(
+        "tiny_gen",
+        [{"question": f"{s}\nQ:", "answer": " yes"} for s in english_lines(3, seed=7)],
+        output_type="generate_until",
+        doc_to_text="{{question}}",
+        doc_to_target="{{answer}}",
+        generation_kwargs={"until": ["\n"], "max_gen_toks": 6, "do_sample": False},
+        metric_list=[{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+    )
+    task(
+        "tiny_rolling",
+        [{"text": t} for t in ROLLING],
+        output_type="loglikelihood_rolling",
+        doc_to_text="",
+        doc_to_target="{{text}}",
+        metric_list=[{"metric": "word_perplexity"}, {"metric": "bits_per_byte"}],
+    )
     return d
 
 
@@ -116,10 +142,17 @@ def test_run_harness_on_local_tasks(run_dir, task_dir):
     # the accuracy is the adapter's loglikelihoods' argmax (lm-eval joins context and choice with a space)
     lm = SsmlmLM.create_from_arg_string(f"ckpt={run_dir}")
     picked = [
-        np.argmax([ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, (r["question"], f" {c}"), 0)
-                                                      for c in r["choices"]], disable_tqdm=True)])
+        np.argmax(
+            [
+                ll
+                for ll, _ in lm.loglikelihood(
+                    [Instance("loglikelihood", {}, (r["question"], f" {c}"), 0) for c in r["choices"]],
+                    disable_tqdm=True,
+                )
+            ]
+        )
         for r in MC
-    ]  # fmt: skip
+    ]
     assert results["tiny_mc"]["acc,none"] == pytest.approx(
         np.mean([p == r["label"] for p, r in zip(picked, MC, strict=True)])
     )

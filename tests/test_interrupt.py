@@ -13,11 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
-from typer.testing import CliRunner
-
-from ssmlm.cli import app
-
-runner = CliRunner()
+from conftest import invoke
 
 
 def birdie_recipe(tmp_path: Path, corpus: Path, **controller) -> Path:
@@ -25,13 +21,26 @@ def birdie_recipe(tmp_path: Path, corpus: Path, **controller) -> Path:
     recipe = {
         "base": "lm_tiny",
         "name": "birdie",
-        "model": {"arch": "gated_ssm", "hidden_size": 32, "num_layers": 2, "state_size": 32, "num_heads": 2,
-                  "max_seq_length": 96},
+        "model": {
+            "arch": "gated_ssm",
+            "hidden_size": 32,
+            "num_layers": 2,
+            "state_size": 32,
+            "num_heads": 2,
+            "max_seq_length": 96,
+        },
         "data": {"source": str(corpus), "vocab_size": 400},
         "objective": {"mixture": "birdie", "min_sample_space": 16, "controller": controller},
-        "train": {"steps": 6, "batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 2,
-                  "checkpoint_every": 0, "out_dir": str(tmp_path / "runs")},
-    }  # fmt: skip
+        "train": {
+            "steps": 6,
+            "batch_size": 4,
+            "log_every": 1,
+            "eval_every": 0,
+            "eval_batches": 2,
+            "checkpoint_every": 0,
+            "out_dir": str(tmp_path / "runs"),
+        },
+    }
     path = tmp_path / "birdie.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -61,8 +70,14 @@ def test_ctrl_c_during_the_controller_update_stops_at_once(tmp_path, corpus_file
     run_dir = tmp_path / "runs" / "birdie"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     args = ["pretrain", str(recipe), "-q"]
-    proc = subprocess.Popen([sys.executable, "-m", "ssmlm", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssmlm", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     wait_for_row(proc, run_dir, "train", 5)  # the step is logged; its evaluation and update run now
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -80,8 +95,7 @@ def test_ctrl_c_during_the_controller_update_stops_at_once(tmp_path, corpus_file
     assert steps(run_dir, "validation") == [1] and steps(run_dir, "controller") == [0, 1]
 
     # the same command resumes: step 5's evaluation and update first, then the rest, each row once
-    r = runner.invoke(app, args)
-    assert r.exit_code == 0, r.output
+    invoke(*args)
     assert steps(run_dir, "train") == [1, 2, 3, 4, 5, 6]
     assert steps(run_dir, "validation") == [1, 5, 6]
     assert steps(run_dir, "controller") == [0, 1, 5]

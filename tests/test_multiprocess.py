@@ -12,11 +12,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_recipe
+from conftest import invoke, tiny_recipe
 from flax import nnx
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.runs import open_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,14 +32,18 @@ def test_two_processes_equal_one(tmp_path, corpus_file):
         tmp_path / "r.yaml", corpus_file, model={"dropout": 0.0}, train={"steps": 4, "checkpoint_every": 2}
     )
     os.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["pretrain", str(recipe), "--name", "single", "-q"])
-    assert r.exit_code == 0, r.output
+    invoke("pretrain", recipe, "--name", "single", "-q")
 
     port = free_port()
     procs = []
     for i in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SSMLM_COORDINATOR": f"127.0.0.1:{port}",
-               "SSMLM_NUM_PROCESSES": "2", "SSMLM_PROCESS_ID": str(i)}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "SSMLM_COORDINATOR": f"127.0.0.1:{port}",
+            "SSMLM_NUM_PROCESSES": "2",
+            "SSMLM_PROCESS_ID": str(i),
+        }
         cmd = [sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--name", "multi", "-q"]
         procs.append(
             subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

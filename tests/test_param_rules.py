@@ -9,11 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import tiny_recipe
+from conftest import invoke, tiny_recipe
 from flax import nnx
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.errors import RecipeError
 from ssmlm.models import build_mlm, count_params
 from ssmlm.models.config import fields_of
@@ -23,8 +21,18 @@ from ssmlm.train.optim import make_optimizer, param_rules
 
 
 def tiny(arch: str) -> ModelConfig:
-    base = dict(arch=arch, vocab_size=30, hidden_size=8, num_layers=2, intermediate_size=16, max_seq_length=8,
-                num_ssm=4, num_heads=2, tiny_attention_size=4, scan_layers=False)  # fmt: skip
+    base = dict(
+        arch=arch,
+        vocab_size=30,
+        hidden_size=8,
+        num_layers=2,
+        intermediate_size=16,
+        max_seq_length=8,
+        num_ssm=4,
+        num_heads=2,
+        tiny_attention_size=4,
+        scan_layers=False,
+    )
     # unrolled, so tensor counts are per layer (the scanned layout's one stacked tensor per parameter is
     # covered by test_rules_do_not_depend_on_layer_indices and tests/test_scan.py)
     return ModelConfig(**{k: v for k, v in base.items() if k in fields_of(arch)})
@@ -274,10 +282,9 @@ def test_training_logs_the_rules(tmp_path, corpus_file):
     recipe = tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 2})
     freeze = 'train.param_rules=[{pattern: "^encoder/embeddings/word/", lr_multiplier: 0, name: words}]'
     args = ["pretrain", str(recipe), "--name", "frozen", "--set", freeze]
-    r = CliRunner().invoke(app, [*args, "--stop-after", "1"])
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, "--stop-after", "1")
     assert "parameter rules" in r.output and "words" in r.output
-    r = CliRunner().invoke(app, args)  # resumes: the frozen group's (empty) optimizer state restores too
+    r = invoke(*args, code=None)  # resumes: the frozen group's (empty) optimizer state restores too
     assert r.exit_code == 0 and "resuming" in r.output, r.output
     from ssmlm.runs import open_run
 

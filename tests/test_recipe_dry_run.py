@@ -4,6 +4,7 @@ file, so that pytest-xdist's per-file scheduling runs it beside the recipe train
 import os
 
 import pytest
+from conftest import invoke
 
 from ssmlm.recipe import builtin_recipes
 
@@ -26,13 +27,9 @@ SLOW_DRY = {"gmlp_xlarge", "gmlp_large", "amlp_large", "gmlp_depth144", "gmlp_de
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_DRY else n for n in PRETRAIN])
 def test_recipe_dry_runs_as_shipped(name, tmp_path):
     """Every recipe builds abstractly at its own size (nothing allocated, read or written)."""
-    from typer.testing import CliRunner
-
-    from ssmlm.cli import app
 
     os.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["pretrain", name, "--dry-run", "--set", f"train.out_dir={tmp_path / 'runs'}"])
-    assert r.exit_code == 0, r.output
+    r = invoke("pretrain", name, "--dry-run", "--set", f"train.out_dir={tmp_path / 'runs'}")
     assert "parameters" in r.output
     if name in PAPER_SIZE:
         assert PAPER_SIZE[name] in r.output, r.output

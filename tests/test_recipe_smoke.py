@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from conftest import invoke
 
 from ssmlm.models.config import fields_of
 from ssmlm.recipe import builtin_recipes, load_recipe
@@ -14,11 +15,20 @@ FINETUNE = {"finetune_default", "glue_bigs", "squad_bigs", "scrolls_bigs"}
 PRETRAIN = sorted(set(builtin_recipes()) - FINETUNE)
 
 SMALL = [
-    "model.hidden_size=16", "model.num_layers=1", "model.intermediate_size=32", "model.max_seq_length=32",
-    "data.vocab_size=150", "data.validation_fraction=0.1",
-    "objective.duplicate_factor=1", "objective.max_predictions=5", "train.steps=2", "train.batch_size=4",
-    "train.eval_every=0", "train.checkpoint_every=0", "train.grad_accum=1",
-]  # fmt: skip
+    "model.hidden_size=16",
+    "model.num_layers=1",
+    "model.intermediate_size=32",
+    "model.max_seq_length=32",
+    "data.vocab_size=150",
+    "data.validation_fraction=0.1",
+    "objective.duplicate_factor=1",
+    "objective.max_predictions=5",
+    "train.steps=2",
+    "train.batch_size=4",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+    "train.grad_accum=1",
+]
 
 
 FAMILY_SMALL = {"num_ssm": 8, "num_heads": 2, "tiny_attention_size": 8, "state_size": 8}
@@ -60,15 +70,11 @@ def shared_corpus(tmp_path_factory):
 
 @pytest.mark.parametrize("name", distinct_at_small_size())
 def test_recipe_trains_small(name, tmp_path, shared_corpus):
-    from typer.testing import CliRunner
-
-    from ssmlm.cli import app
 
     os.chdir(tmp_path)
     sets = [*small_sets(name), f"data.source={shared_corpus}", f"train.out_dir={tmp_path / 'runs'}"]
     args = ["pretrain", name, "--name", "smoke", "-q"] + [x for s in sets for x in ("--set", s)]
-    r = CliRunner().invoke(app, args)
-    assert r.exit_code == 0, r.output
+    invoke(*args)
     summary = json.loads((tmp_path / "runs/smoke/summary.json").read_text())
     assert summary["final_step"] == 2
     recipe = load_recipe(name)

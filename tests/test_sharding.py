@@ -10,14 +10,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_recipe
+from conftest import invoke, tiny_recipe
 from flax import nnx
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.runs import open_run
 
-runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,8 +30,14 @@ def on_8_devices(tmp_path, *args):
         "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
         "PYTHONPATH": str(ROOT),
     }
-    r = subprocess.run([sys.executable, "-m", "ssmlm", *map(str, args)], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "ssmlm", *map(str, args)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -52,8 +55,7 @@ def assert_same_params(a, b):
 
 def test_one_device_equals_4x2_mesh(recipe, tmp_path):
     os.chdir(tmp_path)
-    r = runner.invoke(app, ["pretrain", str(recipe), "--name", "one", "-q"])
-    assert r.exit_code == 0, r.output
+    invoke("pretrain", recipe, "--name", "one", "-q")
     on_8_devices(
         tmp_path, "pretrain", recipe, "--name", "eight", "-q", "--set", "mesh.data=4", "--set", "mesh.tensor=2"
     )
@@ -64,28 +66,39 @@ def test_one_device_equals_4x2_mesh(recipe, tmp_path):
 @pytest.mark.slow  # 40-75 s; the mesh equivalence above runs by default (CI time)
 def test_checkpoints_move_between_device_counts(recipe, tmp_path):
     os.chdir(tmp_path)
-    r = runner.invoke(app, ["pretrain", str(recipe), "--name", "straight", "-q"])
-    assert r.exit_code == 0, r.output
+    invoke("pretrain", recipe, "--name", "straight", "-q")
     # 8 devices (fsdp 4 x tensor 2) for 3 steps, then 1 device for the rest
-    on_8_devices(tmp_path, "pretrain", recipe, "--name", "moved", "-q", "--stop-after", "3",
-                 "--set", "mesh.data=1", "--set", "mesh.fsdp=4", "--set", "mesh.tensor=2")  # fmt: skip
-    r = runner.invoke(app, ["pretrain", str(recipe), "--name", "moved", "-q"])
-    assert r.exit_code == 0, r.output
+    on_8_devices(
+        tmp_path,
+        "pretrain",
+        recipe,
+        "--name",
+        "moved",
+        "-q",
+        "--stop-after",
+        "3",
+        "--set",
+        "mesh.data=1",
+        "--set",
+        "mesh.fsdp=4",
+        "--set",
+        "mesh.tensor=2",
+    )
+    invoke("pretrain", recipe, "--name", "moved", "-q")
     np.testing.assert_allclose(losses(tmp_path / "runs/straight"), losses(tmp_path / "runs/moved"), rtol=1e-4)
     assert_same_params(tmp_path / "runs/straight", tmp_path / "runs/moved")
     # and the reverse: 1 device for 3 steps, then 8
-    r = runner.invoke(app, ["pretrain", str(recipe), "--name", "back", "-q", "--stop-after", "3"])
-    assert r.exit_code == 0, r.output
+    invoke("pretrain", recipe, "--name", "back", "-q", "--stop-after", "3")
     on_8_devices(tmp_path, "pretrain", recipe, "--name", "back", "-q", "--set", "mesh.data=8")
     assert_same_params(tmp_path / "runs/straight", tmp_path / "runs/back")
 
 
 def test_mesh_errors(recipe, tmp_path):
     os.chdir(tmp_path)
-    r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=2"])
+    r = invoke("pretrain", recipe, "--set", "mesh.data=2", code=None)
     assert r.exit_code == 2 and "does not use the 1 devices" in r.output
     assert not (tmp_path / "runs").exists()  # found before the run directory is written
-    r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=3"])  # the batch of 8 cannot split 3 ways
+    r = invoke("pretrain", recipe, "--set", "mesh.data=3", code=None)  # the batch of 8 cannot split 3 ways
     assert r.exit_code == 2 and "'train.batch_size' = 8: expected a multiple of" in r.output
-    r = runner.invoke(app, ["pretrain", str(recipe), "--set", "mesh.data=-1", "--set", "mesh.fsdp=-1"])
+    r = invoke("pretrain", recipe, "--set", "mesh.data=-1", "--set", "mesh.fsdp=-1", code=None)
     assert r.exit_code == 2 and "at most one axis to be -1" in r.output

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
+from conftest import invoke
 from rich.console import Console
-from typer.testing import CliRunner
 
 from ssmlm.evaluate.terminal import fit_title, metric_text, result_tables, titled
 
@@ -70,18 +70,15 @@ def test_a_nested_result_reads_as_tables():
 def test_analyze_prints_tables_and_json_on_request(tmp_path, monkeypatch):
     """`ssmlm analyze flops` (no run needed with --no-xla): tables at 80 columns by default, the result's JSON with
     --json."""
-    from ssmlm.cli import app
 
     monkeypatch.setenv("COLUMNS", "80")
     args = ["analyze", "flops", "--lengths", "128,512", "--no-xla", "--out", str(tmp_path)]
-    shown = CliRunner().invoke(app, args)
-    assert shown.exit_code == 0, shown.output
+    shown = invoke(*args)
     lines = shown.stdout.splitlines()
     assert lines[0].startswith("flops: BiGS Table 6"), lines[:3]
     assert all(len(line) <= 80 for line in lines), lines
     assert "forward over" in shown.stdout and "e+" in shown.stdout and not shown.stdout.lstrip().startswith("{")
-    raw = CliRunner().invoke(app, [*args, "--json"])
-    assert raw.exit_code == 0, raw.output
+    raw = invoke(*args, "--json")
     result = json.loads(raw.stdout)
     assert result["data"] == str(tmp_path / "flops.csv") and Path(result["plot"]).is_file()
     assert {r["length"] for r in result["table"]} == {128, 512}
@@ -92,9 +89,14 @@ def test_run_summary_at_80_columns(monkeypatch, capsys):
     from ssmlm.evaluate.printouts import print_summary
 
     monkeypatch.setenv("COLUMNS", "80")
-    summary = {"kind": "pretrain", "start_step": 0, "final_step": 30, "seconds": 41.2,
-               "train": {"loss": 6.34091, "masked_tokens": 2275.0},
-               "validation": {"loss": 6.1, "examples": 96.0}}  # fmt: skip
+    summary = {
+        "kind": "pretrain",
+        "start_step": 0,
+        "final_step": 30,
+        "seconds": 41.2,
+        "train": {"loss": 6.34091, "masked_tokens": 2275.0},
+        "validation": {"loss": 6.1, "examples": 96.0},
+    }
     print_summary(summary, Path("runs/default-builtin-order"))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].strip() == "pretrain → runs/default-builtin-order", lines

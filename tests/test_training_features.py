@@ -7,19 +7,15 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_recipe
+from conftest import invoke, tiny_recipe
 from flax import nnx
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.models import build_mlm
 from ssmlm.models.config import layers_scanned
 from ssmlm.models.rules import path_name
 from ssmlm.recipe import ModelConfig, TrainConfig
 from ssmlm.runs import open_run
 from ssmlm.train.optim import make_optimizer, param_rules
-
-runner = CliRunner()
 
 
 @pytest.fixture
@@ -38,7 +34,7 @@ def train(recipe, name, *sets):
     args = ["pretrain", str(recipe), "--name", name, "-q"]
     for s in sets:
         args += ["--set", s]
-    r = runner.invoke(app, args)
+    r = invoke(*args, code=None)
     return r
 
 
