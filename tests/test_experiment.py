@@ -11,11 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import english_lines, tiny_recipe
+from conftest import english_lines, invoke, tiny_recipe
 from scipy import stats
-from typer.testing import CliRunner
 
-from ssmlm.cli import app
 from ssmlm.experiment import stats as xstats
 from ssmlm.experiment.spec import ExperimentError, load_experiment
 
@@ -44,10 +42,17 @@ def setup(tmp_path, corpus_file):
         files[split] = tmp_path / f"order-{split}.jsonl"
         files[split].write_text("".join(json.dumps(r) + "\n" for r in order_rows(48, seed)))
     finetune_set = [
-        f"task.train_file={files['train']}", f"task.validation_file={files['validation']}",
-        f"task.test_file={files['test']}", "task.text_fields=[sentence]", "task.label_field=label",
-        "train.epochs=null", "train.steps=2", "train.batch_size=8", "train.log_every=1", "train.checkpoint_every=0",
-    ]  # fmt: skip
+        f"task.train_file={files['train']}",
+        f"task.validation_file={files['validation']}",
+        f"task.test_file={files['test']}",
+        "task.text_fields=[sentence]",
+        "task.label_field=label",
+        "train.epochs=null",
+        "train.steps=2",
+        "train.batch_size=8",
+        "train.log_every=1",
+        "train.checkpoint_every=0",
+    ]
     return {"recipe": str(recipe), "finetune_set": finetune_set, "tmp": tmp_path}
 
 
@@ -63,7 +68,7 @@ def write_experiment(setup, name="exp", **changes) -> Path:
                 "pretrain": {"recipe": setup["recipe"]},
                 "finetune": {"set": setup["finetune_set"], "init": "random"},
             },
-        },  # fmt: skip
+        },
         **changes,
     }
     path = setup["tmp"] / f"{name}.yaml"
@@ -71,8 +76,8 @@ def write_experiment(setup, name="exp", **changes) -> Path:
     return path
 
 
-def invoke(path: Path, out: Path, *extra: str):
-    return CliRunner().invoke(app, ["experiment", str(path), "--out", str(out), *extra])
+def run_experiment(path: Path, out: Path, *extra: str):
+    return invoke("experiment", path, "--out", out, *extra, code=None)
 
 
 # ----------------------------------------------------------------------------- the file's errors
@@ -124,17 +129,24 @@ def test_spec_errors_in_arms_and_recipes(setup):
     body["arms"]["pretrained"].pop("pretrain")
     path = setup["tmp"] / "bad.yaml"
     path.write_text(yaml.safe_dump(body))
-    r = invoke(path, setup["tmp"] / "out")
+    r = run_experiment(path, setup["tmp"] / "out")
     assert r.exit_code == 2 and r.output.strip().count("\n") == 0, r.output
     assert "arms.pretrained: has no pretrain section" in r.output and not (setup["tmp"] / "out").exists()
 
 
 def test_a_grid_without_a_test_split_is_refused(setup):
     no_test = [s for s in setup["finetune_set"] if not s.startswith("task.test_file")]
-    arms = {a: {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"set": no_test}, "evaluate": {"split": "test"}}
-            for a in ("pretrained", "random")}  # fmt: skip
-    path = write_experiment(setup, stages=["pretrain", "finetune", "evaluate"], metric="evaluate:accuracy",
-                            arms=arms, grid={"finetune": {"train.learning_rate": [1e-3, 1e-4]}})  # fmt: skip
+    arms = {
+        a: {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"set": no_test}, "evaluate": {"split": "test"}}
+        for a in ("pretrained", "random")
+    }
+    path = write_experiment(
+        setup,
+        stages=["pretrain", "finetune", "evaluate"],
+        metric="evaluate:accuracy",
+        arms=arms,
+        grid={"finetune": {"train.learning_rate": [1e-3, 1e-4]}},
+    )
     with pytest.raises(ExperimentError, match="a grid needs a test split to report on: set task.test_file"):
         load_experiment(path)
     for a in arms.values():
@@ -173,8 +185,9 @@ def test_bootstrap_from_five_seeds_matches_scipy_percentile_bootstrap():
     values = [0.61, 0.64, 0.58, 0.70, 0.66, 0.59]
     iv = xstats.mean_interval(values)
     assert iv.method == "bootstrap" and xstats.mean_interval(values[:4]).method == "t"
-    ref = stats.bootstrap((values,), np.mean, confidence_level=0.95, n_resamples=20_000, method="percentile",
-                          random_state=1).confidence_interval  # fmt: skip
+    ref = stats.bootstrap(
+        (values,), np.mean, confidence_level=0.95, n_resamples=20_000, method="percentile", random_state=1
+    ).confidence_interval
     assert iv.low == pytest.approx(ref.low, abs=0.006) and iv.high == pytest.approx(ref.high, abs=0.006)
     assert iv == xstats.mean_interval(values)  # a fixed generator: the same values give the same interval
 
@@ -185,7 +198,7 @@ def test_bootstrap_from_five_seeds_matches_scipy_percentile_bootstrap():
 def test_experiment_runs_and_second_invocation_reuses_every_run(setup):
     path = write_experiment(setup)
     out = setup["tmp"] / "out"
-    r = invoke(path, out)
+    r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     assert "[6/6] done" in r.output and "ETA" in r.output
     res = json.loads((out / "results.json").read_text())
@@ -203,7 +216,7 @@ def test_experiment_runs_and_second_invocation_reuses_every_run(setup):
     summaries = sorted(out.glob("runs/*/seed*/*/summary.json"))
     assert len(summaries) == 6
     before = {p: p.stat().st_mtime_ns for p in summaries}
-    r2 = invoke(path, out)
+    r2 = run_experiment(path, out)
     assert r2.exit_code == 0, r2.output
     assert r2.output.count("(reused)") == 6
     assert {p: p.stat().st_mtime_ns for p in summaries} == before
@@ -213,7 +226,7 @@ def test_experiment_runs_and_second_invocation_reuses_every_run(setup):
     )
     # --jobs 2: worker processes reuse the same runs, and a run's "start" line appears when it starts (at most
     # two running at once), not when it is queued
-    r3 = invoke(path, out, "--jobs", "2")
+    r3 = run_experiment(path, out, "--jobs", "2")
     assert r3.exit_code == 0, r3.output
     assert r3.output.count("(reused)") == 6
     running = 0
@@ -229,7 +242,7 @@ def test_a_failing_arm_is_reported_failed_and_the_others_still_run(setup):
     body["arms"]["broken"] = {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"set": broken}}
     path.write_text(yaml.safe_dump(body))
     out = setup["tmp"] / "out"
-    r = invoke(path, out)
+    r = run_experiment(path, out)
     assert r.exit_code == 1, r.output
     res = json.loads((out / "results.json").read_text())
     b = res["arms"]["broken"]
@@ -241,14 +254,20 @@ def test_a_failing_arm_is_reported_failed_and_the_others_still_run(setup):
 
 
 def test_grid_is_selected_on_validation_and_reported_on_test(setup):
-    arms = {a: {"pretrain": {"recipe": setup["recipe"]},
-                "finetune": {"set": setup["finetune_set"], **({"init": "random"} if a == "random" else {})},
-                "evaluate": {"split": "test"}} for a in ("pretrained", "random")}  # fmt: skip
+    arms = {
+        a: {
+            "pretrain": {"recipe": setup["recipe"]},
+            "finetune": {"set": setup["finetune_set"], **({"init": "random"} if a == "random" else {})},
+            "evaluate": {"split": "test"},
+        }
+        for a in ("pretrained", "random")
+    }
     grid = {"finetune": {"train.learning_rate": [1e-5, 3e-3]}}
-    path = write_experiment(setup, stages=["pretrain", "finetune", "evaluate"], metric="evaluate:accuracy",
-                            arms=arms, grid=grid, seeds=[0])  # fmt: skip
+    path = write_experiment(
+        setup, stages=["pretrain", "finetune", "evaluate"], metric="evaluate:accuracy", arms=arms, grid=grid, seeds=[0]
+    )
     out = setup["tmp"] / "out"
-    r = invoke(path, out)
+    r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     for arm, a in res["arms"].items():
@@ -275,8 +294,7 @@ def test_finetune_init_random_records_it_and_starts_from_a_fresh_model(setup):
     freeze = 'train.param_rules=[{pattern: ".*", lr_multiplier: 0}]'
     args = ["finetune", "--init", "random", "--recipe", setup["recipe"], "--name", "rand", "-q"]
     sets = [x for s in [*setup["finetune_set"], "train.seed=7", freeze] for x in ("--set", s)]
-    r = CliRunner().invoke(app, [*args, *sets])
-    assert r.exit_code == 0, r.output
+    invoke(*args, *sets)
     run = open_run(setup["tmp"] / "runs" / "rand")
     assert run.info["init"] == "random" and run.info["source"] is None and run.recipe.train.seed == 7
     saved, _ = run.load_model()
@@ -285,14 +303,14 @@ def test_finetune_init_random_records_it_and_starts_from_a_fresh_model(setup):
     assert a.keys() == b.keys()
     assert all(np.array_equal(np.asarray(a[k].get_value()), np.asarray(b[k].get_value())) for k in a)
     # lr 0 stays refused
-    r = CliRunner().invoke(app, [*args, *sets, "--set", "train.learning_rate=0"])
+    r = invoke(*args, *sets, "--set", "train.learning_rate=0", code=None)
     assert r.exit_code == 2 and "train.learning_rate" in r.output
 
 
 @pytest.mark.slow
 def test_the_shipped_smoke_experiment(tmp_path):
     """experiments/smoke.yaml as a user runs it (about 3 minutes on 2 cores): both arms finish."""
-    r = invoke(ROOT / "experiments" / "smoke.yaml", tmp_path / "smoke")
+    r = run_experiment(ROOT / "experiments" / "smoke.yaml", tmp_path / "smoke")
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "smoke" / "results.json").read_text())
     assert all(a["status"] == "ok" and len(a["values"]) == 2 for a in res["arms"].values())
@@ -345,8 +363,15 @@ def test_per_arm_references_in_the_report():
     from ssmlm.experiment.report import markdown, summarize
     from ssmlm.experiment.spec import Experiment, Metric
 
-    exp = Experiment(Path("x.yaml"), (0, 1, 2), ("finetune",), Metric("finetune", "accuracy", "max"),
-                     {"a1": "a0", "b1": "b0"}, dict.fromkeys(["a0", "a1", "b0", "b1"], {}), {})  # fmt: skip
+    exp = Experiment(
+        Path("x.yaml"),
+        (0, 1, 2),
+        ("finetune",),
+        Metric("finetune", "accuracy", "max"),
+        {"a1": "a0", "b1": "b0"},
+        dict.fromkeys(["a0", "a1", "b0", "b1"], {}),
+        {},
+    )
     vals = {"a0": [0.5, 0.6, 0.7], "a1": [0.6, 0.8, 0.7], "b0": [0.1, 0.1, 0.2], "b1": [0.1, 0.2, 0.2]}
     arms = {k: {"status": "ok", "error": None, "values": dict(enumerate(v)), "runs": {}} for k, v in vals.items()}
     res = summarize(exp, arms, 1.0)
@@ -368,8 +393,15 @@ def test_intervals_past_the_metrics_bounds_are_cut_in_the_table_and_plot_not_in_
     assert bounds(bounds=None) is None  # `bounds: null`
     assert bounds(metric="pretrain:loss") is None
     assert bounds(metric="finetune:f1", bounds=[0, 100]) == (0.0, 100.0)
-    exp = Experiment(Path("x.yaml"), (0, 1, 2), ("finetune",), Metric("finetune", "accuracy", "max", (0.0, 1.0)),
-                     "a", {"a": {}, "b": {}}, {})  # fmt: skip
+    exp = Experiment(
+        Path("x.yaml"),
+        (0, 1, 2),
+        ("finetune",),
+        Metric("finetune", "accuracy", "max", (0.0, 1.0)),
+        "a",
+        {"a": {}, "b": {}},
+        {},
+    )
     vals = {"a": [0.6, 0.9, 0.99], "b": [0.5, 0.5, 0.52]}
     arms = {k: {"status": "ok", "error": None, "values": dict(enumerate(v)), "runs": {}} for k, v in vals.items()}
     res = summarize(exp, arms, 1.0)
@@ -388,18 +420,17 @@ def test_intervals_past_the_metrics_bounds_are_cut_in_the_table_and_plot_not_in_
 
 
 def test_seeds_option_runs_the_first_n_seeds(setup):
-    r = invoke(write_experiment(setup), setup["tmp"] / "out", "--seeds", "1", "--dry-run")
+    r = run_experiment(write_experiment(setup), setup["tmp"] / "out", "--seeds", "1", "--dry-run")
     assert r.exit_code == 0, r.output
     assert "seed 0" in r.output and "seed 1" not in r.output
-    r = invoke(write_experiment(setup), setup["tmp"] / "out", "--seeds", "0")
+    r = run_experiment(write_experiment(setup), setup["tmp"] / "out", "--seeds", "0")
     assert r.exit_code == 2 and "--seeds = 0: expected" in r.output
 
 
 def test_analyze_stage_runs_each_arms_analysis_once(setup):
     """stages ending in analyze: `ssmlm analyze NAME` on every arm × seed's last run (RUN/analysis), reused on the
     next invocation; an unknown analysis or option is one line naming the field."""
-    path = write_experiment(setup, seeds=[0], stages=["finetune", "evaluate", "analyze"],
-                            metric="evaluate:accuracy")  # fmt: skip
+    path = write_experiment(setup, seeds=[0], stages=["finetune", "evaluate", "analyze"], metric="evaluate:accuracy")
     body = yaml.safe_load(path.read_text())
     body["arms"] = {"random": body["arms"]["random"]}  # init: random (the pretrain section gives the architecture)
     body["arms"]["random"].update(evaluate={"split": "test"}, analyze={"kernels": {"layers": "0"}})
@@ -414,16 +445,16 @@ def test_analyze_stage_runs_each_arms_analysis_once(setup):
         load_experiment(path)
     path.write_text(yaml.safe_dump(body))
     out = setup["tmp"] / "out"
-    plan = invoke(path, out, "--dry-run").output
+    plan = run_experiment(path, out, "--dry-run").output
     assert f"evaluate random seed 0 (test): {out}/runs/random/seed0/finetune/eval" in plan, plan
     assert f"analyze kernels random seed 0: {out}/runs/random/seed0/finetune/analysis" in plan, plan
-    r = invoke(path, out)
+    r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     assert "[3/3] done analyze kernels random seed 0" in r.output
     run = out / "runs" / "random" / "seed0" / "finetune"
     assert list((run / "analysis").glob("kernels*.png")), sorted((run / "analysis").iterdir())
     assert len(list((run / "eval").glob("*-test.json"))) == 1
-    r2 = invoke(path, out)
+    r2 = run_experiment(path, out)
     assert r2.exit_code == 0 and r2.output.count("(reused)") == 3, r2.output
 
 
@@ -456,14 +487,19 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
 def test_the_plan_finishes_seed_0_of_every_arm_before_seed_1_starts(setup):
     """2 arms × 3 seeds, pretrain → finetune → evaluate: seed 0's whole chain of every arm comes first (the
     --dry-run lists the runs in the order they run), so an experiment stopped early holds complete pairs."""
-    path = write_experiment(setup, seeds=[0, 1, 2], stages=["pretrain", "finetune", "evaluate"],
-                            metric="evaluate:accuracy")  # fmt: skip
-    r = invoke(path, setup["tmp"] / "out", "--dry-run")
+    path = write_experiment(
+        setup, seeds=[0, 1, 2], stages=["pretrain", "finetune", "evaluate"], metric="evaluate:accuracy"
+    )
+    r = run_experiment(path, setup["tmp"] / "out", "--dry-run")
     assert r.exit_code == 0, r.output
     runs = [line.split(":")[0] for line in r.output.splitlines() if " seed " in line]
-    chain = lambda s: [f"pretrain pretrained seed {s}", f"finetune pretrained seed {s}",  # noqa: E731
-                       f"evaluate pretrained seed {s} (validation)", f"finetune random seed {s}",
-                       f"evaluate random seed {s} (validation)"]  # fmt: skip
+    chain = lambda s: [
+        f"pretrain pretrained seed {s}",
+        f"finetune pretrained seed {s}",  # noqa: E731
+        f"evaluate pretrained seed {s} (validation)",
+        f"finetune random seed {s}",
+        f"evaluate random seed {s} (validation)",
+    ]
     assert runs == chain(0) + chain(1) + chain(2), r.output
 
 
@@ -478,8 +514,14 @@ def test_a_free_worker_takes_the_first_run_whose_inputs_are_ready():
     def job(key, *deps):
         return Job(key, key.split()[0], key, Path(key), deps=deps)
 
-    queue = [job("pretrain a 0"), job("finetune a 0", "pretrain a 0"), job("finetune r 0"),
-             job("pretrain a 1"), job("finetune a 1", "pretrain a 1"), job("finetune r 1")]  # fmt: skip
+    queue = [
+        job("pretrain a 0"),
+        job("finetune a 0", "pretrain a 0"),
+        job("finetune r 0"),
+        job("pretrain a 1"),
+        job("finetune a 1", "pretrain a 1"),
+        job("finetune r 1"),
+    ]
     jobs, lines = {j.key: j for j in queue}, []
     runner = Runner(Path("."), Counter(pretrain=2, finetune=4), jobs=2, echo=lines.append)
     assert runner._next(queue).key == "pretrain a 0"  # running from here on
@@ -539,8 +581,12 @@ def test_intervals_from_two_pairs_or_no_spread_are_not_estimable(tmp_path):
 
 def write_one_arm(setup, name: str, pretrain_recipe: str, seeds: list[int]) -> Path:
     """A file of one arm, pretraining only, and no reference."""
-    body = {"seeds": seeds, "stages": ["pretrain"], "metric": "pretrain:mlm_loss",
-            "arms": {"bigs": {"pretrain": {"recipe": pretrain_recipe}}}}  # fmt: skip
+    body = {
+        "seeds": seeds,
+        "stages": ["pretrain"],
+        "metric": "pretrain:mlm_loss",
+        "arms": {"bigs": {"pretrain": {"recipe": pretrain_recipe}}},
+    }
     path = setup["tmp"] / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
@@ -554,8 +600,8 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
         load_experiment(setup["tmp"] / "two.yaml")
     path = write_one_arm(setup, "one", setup["recipe"], [0, 1])
     out = setup["tmp"] / "out"
-    assert "reference none (one arm: no comparisons)" in invoke(path, out, "--dry-run").output
-    r = invoke(path, out)
+    assert "reference none (one arm: no comparisons)" in run_experiment(path, out, "--dry-run").output
+    r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     assert "experiment one: 1 arm × 2 seeds, 2 runs" in r.output
     assert "| arm | n | mean | 95% CI |\n" in r.output and "Δ" not in r.output, r.output
@@ -574,7 +620,7 @@ def test_each_runs_warnings_are_shown_once_and_kept_in_results_md(setup):
     recipe = tiny_recipe(setup["tmp"] / "short.yaml", short, train={"steps": 2})
     path = write_one_arm(setup, "warns", str(recipe), [0])
     out = setup["tmp"] / "out"
-    r = invoke(path, out)
+    r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "runs/bigs/seed0/pretrain/summary.json").read_text())
     (warning,) = summary["warnings"]
@@ -588,7 +634,7 @@ def test_each_runs_warnings_are_shown_once_and_kept_in_results_md(setup):
     assert [(w["arm"], w["seed"], w["stage"], w["warning"]) for w in res["warnings"]] == [
         ("bigs", 0, "pretrain", warning)
     ]
-    r = invoke(path, out)  # reused: the warning comes from summary.json, once again
+    r = run_experiment(path, out)  # reused: the warning comes from summary.json, once again
     assert r.exit_code == 0 and "(reused)" in r.output and r.output.count(warning) == 1, r.output
 
 
@@ -599,8 +645,13 @@ def start_long_experiment(setup, corpus_file, name: str, prefix: list[str], **po
     import time
 
     long = tiny_recipe(setup["tmp"] / f"long-{name}.yaml", corpus_file, train={"steps": 100000})
-    body = {"seeds": [0, 1], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "a",
-            "arms": {"a": {"pretrain": {"recipe": str(long)}}}}  # fmt: skip
+    body = {
+        "seeds": [0, 1],
+        "stages": ["pretrain"],
+        "metric": "pretrain:loss",
+        "reference": "a",
+        "arms": {"a": {"pretrain": {"recipe": str(long)}}},
+    }
     path = setup["tmp"] / f"long-exp-{name}.yaml"
     path.write_text(yaml.safe_dump(body))
     out = setup["tmp"] / f"out-{name}"
@@ -630,10 +681,19 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
 
     # started with SIGINT ignored, as a job started with `&` from a script is (and as everything is under a CI
     # runner started that way): `kill -INT` must stop it all the same
-    shim = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.argv[0] = 'ssmlm'; "
-            "runpy.run_module('ssmlm', run_name='__main__')")  # fmt: skip
-    proc, checkpoints = start_long_experiment(setup, corpus_file, signum, [sys.executable, "-c", shim],
-                                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    shim = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.argv[0] = 'ssmlm'; "
+        "runpy.run_module('ssmlm', run_name='__main__')"
+    )
+    proc, checkpoints = start_long_experiment(
+        setup,
+        corpus_file,
+        signum,
+        [sys.executable, "-c", shim],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         sent = time.monotonic()
         os.kill(proc.pid, getattr(signal, signum))
@@ -656,8 +716,14 @@ def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
     import sys
     import time
 
-    proc, checkpoints = start_long_experiment(setup, corpus_file, "kill", [sys.executable, "-m", "ssmlm"],
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc, checkpoints = start_long_experiment(
+        setup,
+        corpus_file,
+        "kill",
+        [sys.executable, "-m", "ssmlm"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def children() -> list[int]:
         pids = []
@@ -699,8 +765,10 @@ def test_workers_of_a_killed_parent_checkpoint_and_exit(setup, corpus_file):
 def test_a_local_task_may_be_named_in_the_file(setup):
     """``task: NAME`` beside task.train_file names a local task (as ``finetune --task NAME --train-file``); without
     a file the name must be a known task."""
-    arms = {a: {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"task": "polarity", "set": setup["finetune_set"]}}
-            for a in ("pretrained", "random")}  # fmt: skip
+    arms = {
+        a: {"pretrain": {"recipe": setup["recipe"]}, "finetune": {"task": "polarity", "set": setup["finetune_set"]}}
+        for a in ("pretrained", "random")
+    }
     exp = load_experiment(write_experiment(setup, arms=arms))
     assert exp.arms["pretrained"]["finetune"].task == "polarity"
     for a in arms.values():

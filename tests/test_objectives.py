@@ -119,8 +119,12 @@ def test_next_token_objective_trains_bigs_through_the_loop(tmp_path, corpus_file
     """The loop does not assume MLM: a recipe's `objective: {kind: next_token}` trains a tiny BiGS."""
     from ssmlm.train.drive import pretrain
 
-    path = tiny_recipe(tmp_path / "r.yaml", corpus_file, objective={"kind": "next_token"},
-                       train={"steps": 30, "batch_size": 8, "learning_rate": 3e-3, "log_every": 5})  # fmt: skip
+    path = tiny_recipe(
+        tmp_path / "r.yaml",
+        corpus_file,
+        objective={"kind": "next_token"},
+        train={"steps": 30, "batch_size": 8, "learning_rate": 3e-3, "log_every": 5},
+    )
     summary = pretrain(load_recipe(str(path)), tmp_path / "runs/nt", quiet=True)
     rows_ = [json.loads(ln) for ln in (tmp_path / "runs/nt/metrics.jsonl").read_text().splitlines()]
     train = [r["loss"] for r in rows_ if "split" not in r]
@@ -163,16 +167,26 @@ def _controlled_run(recipe, run_dir, stop_after=None, seen=None):
 
     from ssmlm.train.parts.mlm import token_eval_data
 
-    stage = loop.Stage("pretrain", build_mlm(recipe.model, 0), obj.loss, batches, recipe.train.steps,
-                       recipe.train.batch_size * 32, obj.eval, token_eval_data(data_dir, obj, 8, 2), obj.score,
-                       controller=CountingController())  # fmt: skip
+    stage = loop.Stage(
+        "pretrain",
+        build_mlm(recipe.model, 0),
+        obj.loss,
+        batches,
+        recipe.train.steps,
+        recipe.train.batch_size * 32,
+        obj.eval,
+        token_eval_data(data_dir, obj, 8, 2),
+        obj.score,
+        controller=CountingController(),
+    )
     return loop.run(stage, recipe, run_dir, quiet=True, stop_after=stop_after)
 
 
 def test_controller_state_is_checkpointed_and_resume_is_exact(tmp_path, corpus_file):
     os.chdir(tmp_path)
-    path = tiny_recipe(tmp_path / "r.yaml", corpus_file,
-                       train={"steps": 12, "batch_size": 8, "eval_every": 3, "checkpoint_every": 4})  # fmt: skip
+    path = tiny_recipe(
+        tmp_path / "r.yaml", corpus_file, train={"steps": 12, "batch_size": 8, "eval_every": 3, "checkpoint_every": 4}
+    )
     recipe = load_recipe(str(path))
     seen_a, seen_b = {}, {}
     _controlled_run(recipe, tmp_path / "straight", seen=seen_a)

@@ -27,8 +27,13 @@ def test_killed_before_its_first_checkpoint_then_run_again_logs_every_step_once(
     run_dir = tmp_path / "runs" / "birdie"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     args = ["pretrain", str(recipe), "-q"]
-    proc = subprocess.Popen([sys.executable, "-m", "ssmlm", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssmlm", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_row(proc, run_dir, "train", 3)  # logged: steps 1-3, the controller's first two rows
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -59,8 +64,13 @@ def test_killed_before_its_first_checkpoint_then_run_again_logs_every_step_once(
 
 def test_restart_cuts_the_log_back_to_the_restored_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    written = [{"step": 0, "split": "controller"}, {"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5},
-               {"step": 2, "split": "validation"}, {"step": 3, "loss": 1.0}]  # fmt: skip
+    written = [
+        {"step": 0, "split": "controller"},
+        {"step": 1, "loss": 2.0},
+        {"step": 2, "loss": 1.5},
+        {"step": 2, "split": "validation"},
+        {"step": 3, "loss": 1.0},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in written) + '{"step": 4, "lo')
     log = MetricsLog(path)
     log.restart(2)
@@ -73,8 +83,11 @@ def test_restart_cuts_the_log_back_to_the_restored_step(tmp_path):
 def test_orbax_warning_on_an_unfinished_save_becomes_one_line(capsys):
     _quiet_unfinished_saves()
     absl = logging.getLogger("absl")
-    absl.warning("Attempted to create temporary directory %s which already exists. Removing existing directory "
-                 "since it is not finalized.", "/x/runs/a/checkpoints/7.orbax-checkpoint-tmp")  # fmt: skip
+    absl.warning(
+        "Attempted to create temporary directory %s which already exists. Removing existing directory "
+        "since it is not finalized.",
+        "/x/runs/a/checkpoints/7.orbax-checkpoint-tmp",
+    )
     err = capsys.readouterr().err
     assert err.strip() == "resume: removed the unfinished checkpoint at step 7 (interrupted while saving)"
     assert len(absl.filters) == len({type(f) for f in absl.filters})  # installed once
