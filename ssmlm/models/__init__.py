@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the builders import flax when called, so importing ssmlm.mo
 
     from ssmlm.models.heads import MaskedLM, MultipleChoice, SequenceClassifier, SpanExtractor
 
+
 def model_class(arch: str):
     """The model class of an arch (an encoder, or a language model for an LM arch): its family's ``MODELS``."""
     return family(arch).MODELS[arch]
