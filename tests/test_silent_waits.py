@@ -205,7 +205,7 @@ def test_training_names_what_it_waits_on(tmp_path, corpus_file, monkeypatch, cap
     from ssmlm.train import loop
     from ssmlm.train.parts.mlm import token_eval_data
 
-    monkeypatch.setattr("ssmlm.progress.SLOW_START_S", 0.1)
+    monkeypatch.setattr("ssmlm.progress.bars.SLOW_START_S", 0.1)
     path = tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 4, "eval_every": 2, "log_every": 2})
     recipe = load_recipe(str(path))
     data_dir = preprocess(recipe.data, recipe.seq_len, quiet=True)
