@@ -43,9 +43,25 @@ from ssmlm.train.config import MESH_RANGES, TRAIN_RANGES
 
 # the rules (ssmlm.schema), importable from here as well: checks.POSITIVE, checks.Rule, …
 __all__ = [
-    "FIELDS", "FRACTION", "MESH_AXIS", "NON_EMPTY", "NON_NEGATIVE", "POSITIVE", "REGEX", "RELATIONS", "RUN_NAME",
-    "SEQ_LEN", "Rule", "above", "at_least", "option", "run_dir", "seeds", "validate", "within",
-]  # fmt: skip
+    "FIELDS",
+    "FRACTION",
+    "MESH_AXIS",
+    "NON_EMPTY",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "REGEX",
+    "RELATIONS",
+    "RUN_NAME",
+    "SEQ_LEN",
+    "Rule",
+    "above",
+    "at_least",
+    "option",
+    "run_dir",
+    "seeds",
+    "validate",
+    "within",
+]
 
 # recipe section -> its package's table of field ranges (keys relative to the section)
 SECTIONS: dict[str, dict[str, Rule]] = {

@@ -321,24 +321,35 @@ ValFileOpt = Annotated[
 ]
 FieldsOpt = Annotated[
     str | None,
-    typer.Option("--text-fields", help="Encoders: text column(s), comma-separated (one or two; default sentence; "
-                 "--no-header: 0-based positions, default all but the last)."),
-]  # fmt: skip
+    typer.Option(
+        "--text-fields",
+        help="Encoders: text column(s), comma-separated (one or two; default sentence; "
+        "--no-header: 0-based positions, default all but the last).",
+    ),
+]
 LabelOpt = Annotated[
     str | None,
-    typer.Option("--label-field", help="Encoders: label column (default label; --no-header: its 0-based position, "
-                 "default the last). Any values: classes are the training file's sorted distinct labels."),
-]  # fmt: skip
+    typer.Option(
+        "--label-field",
+        help="Encoders: label column (default label; --no-header: its 0-based position, "
+        "default the last). Any values: classes are the training file's sorted distinct labels.",
+    ),
+]
 NumLabelsOpt = Annotated[
     int | None,
-    typer.Option("--num-labels", help="Encoders: number of classes, checked against the training file's distinct "
-                 "labels (default: their count); 1 = regression."),
-]  # fmt: skip
+    typer.Option(
+        "--num-labels",
+        help="Encoders: number of classes, checked against the training file's distinct "
+        "labels (default: their count); 1 = regression.",
+    ),
+]
 NoHeaderOpt = Annotated[
     bool,
-    typer.Option("--no-header", help="Encoders: the csv/tsv files have no header row; columns by 0-based position "
-                 "(task.header: false)."),
-]  # fmt: skip
+    typer.Option(
+        "--no-header",
+        help="Encoders: the csv/tsv files have no header row; columns by 0-based position (task.header: false).",
+    ),
+]
 TEXT_FIELDS = checks.Rule(
     lambda v: 1 <= len([f for f in v.split(",") if f.strip()]) == len(v.split(",")) <= 2,
     "one or two comma-separated column names",
@@ -377,7 +388,7 @@ def finetune(
             help="Encoders: a finetuned run (e.g. MNLI) to start from instead: encoder, pooler and "
             "classifier (when the label space matches) are copied — the paper's RTE/MRPC/STS-B convention.",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     data_dir: DataDirOpt = None,
     seeds: Annotated[
         str | None,
@@ -435,8 +446,9 @@ def finetune(
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
-    r = with_task_options(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir,
-                        no_header)  # fmt: skip
+    r = with_task_options(
+        r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir, no_header
+    )
     num_labels = check_lm_task(r, ckpt) if lm else check_encoder_task(r)
     if dry_run:
         with _starting("finetune --dry-run", quiet):
@@ -522,10 +534,17 @@ def evaluate(
 
         start.label = f"evaluate: opening {ckpt}"
         run = open_run(ckpt)
-        result = evaluate_run(run, task, split=split, batch_size=batch_size, data_dir=data_dir,
-                              validation_file=validation_file, limit=limit,
-                              submission=Path(submission) if submission else None,
-                              predictions_file=Path(predictions) if predictions else None)  # fmt: skip
+        result = evaluate_run(
+            run,
+            task,
+            split=split,
+            batch_size=batch_size,
+            data_dir=data_dir,
+            validation_file=validation_file,
+            limit=limit,
+            submission=Path(submission) if submission else None,
+            predictions_file=Path(predictions) if predictions else None,
+        )
     write_result(result, Path(out) if out else None, run)
 
 
@@ -727,8 +746,9 @@ def experiment(
     typer.echo(markdown(res, warnings=False), nl=False)  # the runs' warnings were printed as each finished
     warned = len({w["run_dir"] for w in res["warnings"]})
     if warned:
-        typer.echo(f"\n{warned} run{'s' if warned > 1 else ''} gave warnings: above, under each run's line, and in "
-                   "results.md")  # fmt: skip
+        typer.echo(
+            f"\n{warned} run{'s' if warned > 1 else ''} gave warnings: above, under each run's line, and in results.md"
+        )
     typer.echo(f"wrote {paths['md']}, results.csv, results.json, results.png")
     if any(a["status"] != "ok" for a in res["arms"].values()):
         raise typer.Exit(1)

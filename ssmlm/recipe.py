@@ -33,10 +33,25 @@ from ssmlm.objectives.config import ControllerSettings, ObjectiveConfig
 from ssmlm.train.config import MeshConfig, ParamRuleConfig, TrainConfig
 
 __all__ = [
-    "ControllerSettings", "DataConfig", "MeshConfig", "ModelConfig", "ObjectiveConfig", "ParamRuleConfig",
-    "Origins", "PhonebookSettings", "Recipe", "TaskConfig", "TrainConfig", "apply_overrides", "builtin_recipes",
-    "from_dict", "load_raw", "load_recipe", "parse_override", "resolve_path",
-]  # fmt: skip
+    "ControllerSettings",
+    "DataConfig",
+    "MeshConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "ParamRuleConfig",
+    "Origins",
+    "PhonebookSettings",
+    "Recipe",
+    "TaskConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "builtin_recipes",
+    "from_dict",
+    "load_raw",
+    "load_recipe",
+    "parse_override",
+    "resolve_path",
+]
 
 # ----------------------------------------------------------------------------- sections
 # Each section's dataclasses and the ranges of their fields live beside the package that reads them; they are

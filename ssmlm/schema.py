@@ -59,8 +59,10 @@ FRACTION = within(0, 1)
 MESH_AXIS = Rule(lambda v: v == -1 or v >= 1, "-1 (every remaining device) or at least 1")
 NON_EMPTY = Rule(lambda v: bool(str(v).strip()), "a non-empty string")
 # A run name becomes one directory under train.out_dir: '' would be out_dir itself, 'a/b' or '..' another place.
-RUN_NAME = Rule(lambda v: v.strip() not in ("", ".", "..") and "/" not in v and "\\" not in v,
-                "a non-empty name without '/' (it names the run directory)")  # fmt: skip
+RUN_NAME = Rule(
+    lambda v: v.strip() not in ("", ".", "..") and "/" not in v and "\\" not in v,
+    "a non-empty name without '/' (it names the run directory)",
+)
 REGEX = Rule(lambda v: bool(v) and _compiles(v), "a non-empty Python regular expression")
 SEQ_LEN = Rule(lambda v: v >= 8, "at least 8 (room for [CLS], [SEP] and some text)")
 

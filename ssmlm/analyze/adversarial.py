@@ -190,8 +190,17 @@ def _plain(run, split, data_dir, validation_file) -> dict:
     return {"arrays": arrays, "task": td.name, "max_len": max_len}
 
 
-def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agreed: bool | None = None,
-                        split="validation", data_dir=None, validation_file=None, batch_size=32) -> dict:  # fmt: skip
+def analyze_adversarial(
+    runs,
+    out_dir: Path,
+    distances=None,
+    seed: int = 0,
+    agreed: bool | None = None,
+    split="validation",
+    data_dir=None,
+    validation_file=None,
+    batch_size=32,
+) -> dict:
     import numpy as np
 
     from ssmlm.analyze.length_bins import predict
@@ -229,9 +238,19 @@ def analyze_adversarial(runs, out_dir: Path, distances=None, seed: int = 0, agre
         for d in distances:
             preds = predict(r, with_distractors(arrays, tok, d, seed, index), batch_size, models[r.dir.name])
             ok = int((preds == arrays["labels"]).sum())
-            table.append({"run": r.dir.name, "arch": r.recipe.model.arch, "task": p["task"], "split": split,
-                          "distance": d, "inserted_tokens": d, "n": len(index), "correct": ok,
-                          "accuracy": ok / len(index)})  # fmt: skip
+            table.append(
+                {
+                    "run": r.dir.name,
+                    "arch": r.recipe.model.arch,
+                    "task": p["task"],
+                    "split": split,
+                    "distance": d,
+                    "inserted_tokens": d,
+                    "n": len(index),
+                    "correct": ok,
+                    "accuracy": ok / len(index),
+                }
+            )
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "adversarial.csv"
     write_csv(csv_path, COLUMNS, table)
@@ -278,8 +297,13 @@ def plot(table: list[dict], out: Path, agreed: bool) -> Path:
     for k, name in enumerate(dict.fromkeys(r["run"] for r in table)):
         mine = [r for r in table if r["run"] == name]
         style = ("o-", "s--", "^:", "D-.")[k % 4]  # runs that agree everywhere draw on top of each other
-        ax.plot([r["distance"] for r in mine], [100 * r["accuracy"] for r in mine], style, markersize=7 - k,
-                label=f"{name} ({mine[0]['arch']})")  # fmt: skip
+        ax.plot(
+            [r["distance"] for r in mine],
+            [100 * r["accuracy"] for r in mine],
+            style,
+            markersize=7 - k,
+            label=f"{name} ({mine[0]['arch']})",
+        )
     ax.set_xlabel("distractor tokens inserted between the two texts (D)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 105)

@@ -58,8 +58,18 @@ TABLE5 = (
     ("reflexive anaphora", "reflexive_sent_comp", "In a sentential complement", 79.9, 86.2, 86.0),
     ("reflexive anaphora", "reflexives_across", "Across a relative clause", 79.1, 75.9, 55.0),
 )
-TABLE_COLUMNS = ("phenomenon", "condition", "label", "items", "skipped", "correct", "accuracy", "paper_bigs",
-                 "paper_bert", "paper_lstm")  # fmt: skip
+TABLE_COLUMNS = (
+    "phenomenon",
+    "condition",
+    "label",
+    "items",
+    "skipped",
+    "correct",
+    "accuracy",
+    "paper_bigs",
+    "paper_bert",
+    "paper_lstm",
+)
 ATTRACTOR_COLUMNS = ("attractors", "items", "skipped", "correct", "accuracy")
 MIN_ITEMS = 10  # scored items an accuracy needs to be read: fewer are greyed and marked in the figures
 
@@ -139,11 +149,16 @@ def for_report(run, out_dir: Path) -> dict | None:
         with open(result["items"], newline="") as f:
             why = Counter(row["skipped"] for row in csv.DictReader(f))
         reasons = ", ".join(f"{n} {k}" for k, n in why.most_common())
-        return {"title": "Agreement (Goldberg's protocol, sample stimuli)", "figure": FIGURE, "images": [],
-                "data": [result["items"]], "numbers": {"items": head["items"], "skipped": head["skipped"]},
-                "note": f"None of the {head['items']} sample items could be scored on this run ({reasons}: the "
-                        "two verb forms must each be one token of the run's vocabulary, and the sentence must fit "
-                        f"{run.recipe.model.max_seq_length} tokens)."}  # fmt: skip
+        return {
+            "title": "Agreement (Goldberg's protocol, sample stimuli)",
+            "figure": FIGURE,
+            "images": [],
+            "data": [result["items"]],
+            "numbers": {"items": head["items"], "skipped": head["skipped"]},
+            "note": f"None of the {head['items']} sample items could be scored on this run ({reasons}: the "
+            "two verb forms must each be one token of the run's vocabulary, and the sentence must fit "
+            f"{run.recipe.model.max_seq_length} tokens).",
+        }
     numbers = {"stimuli": "hand-written sample (ssmlm/analyze/data)", "items": head["items"]}
     numbers["skipped"] = head["skipped"]
     for k, v in head.items():
@@ -159,9 +174,15 @@ def for_report(run, out_dir: Path) -> dict | None:
         "numbers": numbers,
         "note": f"Rows and points with fewer than {MIN_ITEMS} scored items are greyed: too few to read; conditions "
         "with none are left out of the figure.",
-        **({"too_few": f"no condition has {MIN_ITEMS} scored items (the shipped sample has at most 4 per "
-                       "condition): pass the full stimuli to `ssmlm analyze agreement --data`"} if few else {}),
-    }  # fmt: skip
+        **(
+            {
+                "too_few": f"no condition has {MIN_ITEMS} scored items (the shipped sample has at most 4 per "
+                "condition): pass the full stimuli to `ssmlm analyze agreement --data`"
+            }
+            if few
+            else {}
+        ),
+    }
 
 
 # ----------------------------------------------------------------------------- stimuli
@@ -194,8 +215,16 @@ def read_stimuli(path: Path) -> list[Item]:
                 if len(diff) != 1:
                     continue
                 i = diff[0]
-                items.append(Item("marvin", canonical(cols[0]), " ".join(good[:i]), " ".join(good[i + 1 :] + ["."]),
-                                  good[i], bad[i]))  # fmt: skip
+                items.append(
+                    Item(
+                        "marvin",
+                        canonical(cols[0]),
+                        " ".join(good[:i]),
+                        " ".join(good[i + 1 :] + ["."]),
+                        good[i],
+                        bad[i],
+                    )
+                )
             else:
                 raise DataError(
                     f"{path}:{n}: expected 4 tab-separated columns (condition, type, good sentence, bad sentence) "
@@ -294,12 +323,30 @@ def table5_rows(counts: dict) -> list[dict]:
     empty = {"items": 0, "skipped": 0, "correct": 0, "accuracy": None}
     for group, cond, label, bigs, bert, lstm in TABLE5:
         t = counts.get(("marvin", cond), empty)
-        rows.append({"phenomenon": group, "condition": cond, "label": label, **t, "paper_bigs": bigs,
-                     "paper_bert": bert, "paper_lstm": lstm})  # fmt: skip
+        rows.append(
+            {
+                "phenomenon": group,
+                "condition": cond,
+                "label": label,
+                **t,
+                "paper_bigs": bigs,
+                "paper_bert": bert,
+                "paper_lstm": lstm,
+            }
+        )
     for (kind, cond), t in sorted(counts.items()):
         if kind == "marvin" and cond not in known:
-            rows.append({"phenomenon": "other", "condition": cond, "label": cond, **t, "paper_bigs": None,
-                         "paper_bert": None, "paper_lstm": None})  # fmt: skip
+            rows.append(
+                {
+                    "phenomenon": "other",
+                    "condition": cond,
+                    "label": cond,
+                    **t,
+                    "paper_bigs": None,
+                    "paper_bert": None,
+                    "paper_lstm": None,
+                }
+            )
     return rows
 
 
@@ -337,8 +384,14 @@ def analyze_agreement(run, paths: list[Path], out_dir: Path, batch_size: int = 6
     }
     # the scored items behind each accuracy of the headline (an accuracy of 2 items is not one to read)
     scored = {"table5_accuracy": len(marvin), **{f"attractors={r['attractors']}": _n(r) for r in attractors}}
-    return {"plot_table5": str(png5), "plot_attractors": str(png8), "table5_markdown": str(md),
-            **{k: str(v) for k, v in paths_out.items()}, "headline": headline, "scored": scored}  # fmt: skip
+    return {
+        "plot_table5": str(png5),
+        "plot_attractors": str(png8),
+        "table5_markdown": str(md),
+        **{k: str(v) for k, v in paths_out.items()},
+        "headline": headline,
+        "scored": scored,
+    }
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -348,10 +401,19 @@ def write_items(path: Path, items: list[Item], encoded: list[dict], scores: list
     """One row per item: its scores and whether it was right, or why it was skipped."""
     rows = []
     for item, e, s in zip(items, encoded, scores, strict=True):
-        rows.append({"kind": item.kind, "condition": item.condition, "sentence": f"{item.pre} [MASK] {item.post}",
-                     "good": item.good, "bad": item.bad, "score_good": s[0] if s else "",
-                     "score_bad": s[1] if s else "", "correct": int(s[0] > s[1]) if s else "",
-                     "skipped": e["skip"] or ""})  # fmt: skip
+        rows.append(
+            {
+                "kind": item.kind,
+                "condition": item.condition,
+                "sentence": f"{item.pre} [MASK] {item.post}",
+                "good": item.good,
+                "bad": item.bad,
+                "score_good": s[0] if s else "",
+                "score_bad": s[1] if s else "",
+                "correct": int(s[0] > s[1]) if s else "",
+                "skipped": e["skip"] or "",
+            }
+        )
     cols = ("kind", "condition", "sentence", "good", "bad", "score_good", "score_bad", "correct", "skipped")
     return write_csv(path, cols, rows)
 
@@ -361,15 +423,19 @@ def _fmt(v) -> str:
 
 
 def markdown(table: list[dict], name: str) -> str:
-    lines = [f"| | ours: {name} | BiGS (paper) | BERT (paper) | LSTM (paper) | items (skipped) |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"| | ours: {name} | BiGS (paper) | BERT (paper) | LSTM (paper) | items (skipped) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     group = None
     for r in table:
         if r["phenomenon"] != group:
             group = r["phenomenon"]
             lines.append(f"| **{group.upper()}** | | | | | |")
-        lines.append(f"| {r['label']} | {_fmt(r['accuracy'])} | {_fmt(r['paper_bigs'])} | {_fmt(r['paper_bert'])} "
-                     f"| {_fmt(r['paper_lstm'])} | {r['items']} ({r['skipped']}) |")  # fmt: skip
+        lines.append(
+            f"| {r['label']} | {_fmt(r['accuracy'])} | {_fmt(r['paper_bigs'])} | {_fmt(r['paper_bert'])} "
+            f"| {_fmt(r['paper_lstm'])} | {r['items']} ({r['skipped']}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -408,12 +474,20 @@ def plot_table5(table: list[dict], title: str, out: Path) -> Path:
     if few.any():
         ax.barh(y[few] + h, ours[few], height=h, color="lightgray", label=f"ours, n < {MIN_ITEMS}: too few to read")
         for yi, r in zip(y[few], np.array(rows, dtype=object)[few], strict=True):
-            ax.text(min(r["accuracy"] or 0, 60) + 1, yi + h, f"n = {_n(r)}, too few to read", va="center",
-                    fontsize=7, color="dimgray")  # fmt: skip
-    for k, (key, name, color) in enumerate((("paper_bigs", "BiGS (paper)", "tab:red"),
-                                            ("paper_bert", "BERT (paper)", "tab:blue")), start=1):  # fmt: skip
-        ax.barh(y + (1 - k) * h, [np.nan if r[key] is None else r[key] for r in rows], height=h, color=color,
-                label=name)  # fmt: skip
+            ax.text(
+                min(r["accuracy"] or 0, 60) + 1,
+                yi + h,
+                f"n = {_n(r)}, too few to read",
+                va="center",
+                fontsize=7,
+                color="dimgray",
+            )
+    for k, (key, name, color) in enumerate(
+        (("paper_bigs", "BiGS (paper)", "tab:red"), ("paper_bert", "BERT (paper)", "tab:blue")), start=1
+    ):
+        ax.barh(
+            y + (1 - k) * h, [np.nan if r[key] is None else r[key] for r in rows], height=h, color=color, label=name
+        )
     if not rows:
         ax.text(0.5, 0.5, "no Table 5 item could be scored", ha="center", va="center", transform=ax.transAxes)
     ax.set_yticks(y, labels)
@@ -442,14 +516,23 @@ def plot_attractors(rows: list[dict], title: str, out: Path) -> Path:
     if pts:
         ax.plot([r["attractors"] for r in pts], [r["accuracy"] for r in pts], "-", color="lightgray", zorder=1)
         few_label = f"ours, n < {MIN_ITEMS}: too few to read"
-        for few, style in ((False, {"color": "tab:green", "label": "ours"}),
-                           (True, {"color": "lightgray", "label": few_label})):  # fmt: skip
+        for few, style in (
+            (False, {"color": "tab:green", "label": "ours"}),
+            (True, {"color": "lightgray", "label": few_label}),
+        ):
             part = [r for r in pts if (_n(r) < MIN_ITEMS) == few]
             if part:
                 ax.plot([r["attractors"] for r in part], [r["accuracy"] for r in part], "o", zorder=2, **style)
         for r in pts:
-            ax.annotate(f"n={_n(r)}", (r["attractors"], r["accuracy"]), textcoords="offset points", xytext=(0, 7),
-                        ha="center", fontsize=8, color="black" if _n(r) >= MIN_ITEMS else "dimgray")  # fmt: skip
+            ax.annotate(
+                f"n={_n(r)}",
+                (r["attractors"], r["accuracy"]),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=8,
+                color="black" if _n(r) >= MIN_ITEMS else "dimgray",
+            )
         ax.set_xticks(sorted({r["attractors"] for r in rows}))
         ax.legend(fontsize=8)
     else:

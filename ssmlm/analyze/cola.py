@@ -200,8 +200,14 @@ def score_groups(groups: dict[str, list[int]], gold, pred) -> list[dict]:
     for name, idx in groups.items():
         i = np.asarray(idx, dtype=int)
         n = len(i)
-        rows.append({"group": name, "n": n, "mcc": round(matthews(pred[i], gold[i]), 6) if n else None,
-                     "accuracy": round(float((pred[i] == gold[i]).mean()), 6) if n else None})  # fmt: skip
+        rows.append(
+            {
+                "group": name,
+                "n": n,
+                "mcc": round(matthews(pred[i], gold[i]), 6) if n else None,
+                "accuracy": round(float((pred[i] == gold[i]).mean()), 6) if n else None,
+            }
+        )
     return rows
 
 
@@ -226,18 +232,26 @@ def analyze_cola(
 
     words = [len(s.split()) for s in sentences]
     bins = length_bins(edges)
-    by_length = {label: [i for i, w in enumerate(words) if w >= lo and (hi is None or w <= hi)]
-                 for label, lo, hi in bins}  # fmt: skip
+    by_length = {
+        label: [i for i, w in enumerate(words) if w >= lo and (hi is None or w <= hi)] for label, lo, hi in bins
+    }
     scored = zip(score_groups(by_length, gold, pred), bins, strict=True)
-    length_rows = [{"bin": r["group"], "lo": lo, "hi": hi or "", **{k: r[k] for k in ("n", "mcc", "accuracy")}}
-                   for r, (_, lo, hi) in scored]  # fmt: skip
+    length_rows = [
+        {"bin": r["group"], "lo": lo, "hi": hi or "", **{k: r[k] for k in ("n", "mcc", "accuracy")}}
+        for r, (_, lo, hi) in scored
+    ]
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"{run.dir.name} (step {step}, {split})"
     overall = round(matthews(pred, gold), 6)
     length_csv = write_csv(out_dir / "cola_length.csv", ("bin", "lo", "hi", "n", "mcc", "accuracy"), length_rows)
-    length_png = plot_bars(length_rows, "bin", overall, "sentence length (words)",
-                           f"CoLA MCC by sentence length (BiGS Figure 7): {title}",
-                           out_dir / "cola_length.png")  # fmt: skip
+    length_png = plot_bars(
+        length_rows,
+        "bin",
+        overall,
+        "sentence length (words)",
+        f"CoLA MCC by sentence length (BiGS Figure 7): {title}",
+        out_dir / "cola_length.png",
+    )
     result = {
         "mcc": overall,
         "examples": len(sentences),
@@ -249,24 +263,42 @@ def analyze_cola(
     if annotations is not None:
         shown = [shows.get(k, set()) for k in keys]
         groups = {c: [i for i in matched if c in shown[i]] for c in names}
-        cat_rows = [{"category": r["group"], "n": r["n"], "mcc": r["mcc"], "accuracy": r["accuracy"]}
-                    for r in score_groups(groups, gold, pred)]  # fmt: skip
+        cat_rows = [
+            {"category": r["group"], "n": r["n"], "mcc": r["mcc"], "accuracy": r["accuracy"]}
+            for r in score_groups(groups, gold, pred)
+        ]
         matched_mcc = round(matthews(pred[matched], gold[matched]), 6)
         cat_csv = write_csv(out_dir / "cola_categories.csv", ("category", "n", "mcc", "accuracy"), cat_rows)
-        cat_png = plot_bars(cat_rows, "category", matched_mcc, "phenomenon (Warstadt & Bowman 2019)",
-                            f"CoLA MCC by phenomenon (BiGS Figure 9): {title}", out_dir / "cola_categories.png",
-                            horizontal=True)  # fmt: skip
-        result.update({
-            "annotated": len(matched),
-            "annotations_unmatched": len(set(shows) - set(keys)),
-            "mcc_annotated": matched_mcc,
-            "mcc_by_category": {r["category"]: r["mcc"] for r in cat_rows},
-            "categories": str(cat_csv),
-            "plot_categories": str(cat_png),
-        })  # fmt: skip
-    pred_rows = [{"index": i, "sentence": s, "words": words[i], "label": int(gold[i]), "prediction": int(pred[i]),
-                  "categories": "" if shown is None else ";".join(sorted(shown[i]))}
-                 for i, s in enumerate(sentences)]  # fmt: skip
+        cat_png = plot_bars(
+            cat_rows,
+            "category",
+            matched_mcc,
+            "phenomenon (Warstadt & Bowman 2019)",
+            f"CoLA MCC by phenomenon (BiGS Figure 9): {title}",
+            out_dir / "cola_categories.png",
+            horizontal=True,
+        )
+        result.update(
+            {
+                "annotated": len(matched),
+                "annotations_unmatched": len(set(shows) - set(keys)),
+                "mcc_annotated": matched_mcc,
+                "mcc_by_category": {r["category"]: r["mcc"] for r in cat_rows},
+                "categories": str(cat_csv),
+                "plot_categories": str(cat_png),
+            }
+        )
+    pred_rows = [
+        {
+            "index": i,
+            "sentence": s,
+            "words": words[i],
+            "label": int(gold[i]),
+            "prediction": int(pred[i]),
+            "categories": "" if shown is None else ";".join(sorted(shown[i])),
+        }
+        for i, s in enumerate(sentences)
+    ]
     cols = ("index", "sentence", "words", "label", "prediction", "categories")
     result["predictions"] = str(write_csv(out_dir / "cola_predictions.csv", cols, pred_rows))
     return result
@@ -275,8 +307,9 @@ def analyze_cola(
 # ----------------------------------------------------------------------------- outputs
 
 
-def plot_bars(rows: list[dict], key: str, overall: float, axis: str, title: str, out: Path,
-              horizontal: bool = False) -> Path:  # fmt: skip
+def plot_bars(
+    rows: list[dict], key: str, overall: float, axis: str, title: str, out: Path, horizontal: bool = False
+) -> Path:
     """MCC per group as bars (examples per bar written on it), the MCC over all of them dashed."""
     from ssmlm.analyze.plots import _plt
 

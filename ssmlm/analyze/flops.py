@@ -61,9 +61,21 @@ def table6_columns() -> dict[str, str]:
     return {arch: facts(arch).table6 for arch in FAMILIES if facts(arch).table6}
 
 
-COLUMNS = ("model", "arch", "length", "predictions", "analytic_train_flops", "xla_train_flops",
-           "xla_over_analytic", "analytic_forward_flops", "paper_flops", "train_over_paper", "forward_over_paper",
-           "paper_config", "size")  # fmt: skip
+COLUMNS = (
+    "model",
+    "arch",
+    "length",
+    "predictions",
+    "analytic_train_flops",
+    "xla_train_flops",
+    "xla_over_analytic",
+    "analytic_forward_flops",
+    "paper_flops",
+    "train_over_paper",
+    "forward_over_paper",
+    "paper_config",
+    "size",
+)
 
 
 def command(
@@ -147,8 +159,9 @@ def model_config(recipe) -> Counted:
 def at_length(cfg, length: int, num_layers: int | None = None):
     """The config counted at ``length``: a position table that long, layers unrolled (XLA counts a scanned
     stack once), no rematerialisation (it adds a recomputation the analytic count does not have)."""
-    return dataclasses.replace(cfg, max_seq_length=length, num_layers=num_layers or cfg.num_layers,
-                               scan_layers=False, remat=False)  # fmt: skip
+    return dataclasses.replace(
+        cfg, max_seq_length=length, num_layers=num_layers or cfg.num_layers, scan_layers=False, remat=False
+    )
 
 
 def analytic_flops(cfg, length: int, predictions: int) -> float:
@@ -183,8 +196,12 @@ def xla_step_flops(cfg, length: int, predictions: int) -> float:
     graphdef, params = nnx.split(abstract(lambda: build_pretraining_model(cfg)), nnx.Param)
     # every token real (no padding), the masked slots spread over the sequence
     slots = np.linspace(0, length - 1, predictions).astype(np.int32)[None]
-    batch = make_batch(np.full((1, length), 5, np.int32), np.ones((1, predictions), np.int32),
-                       np.ones((1, predictions), np.float32), target_positions=slots)  # fmt: skip
+    batch = make_batch(
+        np.full((1, length), 5, np.int32),
+        np.ones((1, predictions), np.int32),
+        np.ones((1, predictions), np.float32),
+        target_positions=slots,
+    )
 
     def loss(p, b):
         return token_prediction_loss(nnx.merge(graphdef, p), b, None)[0]
@@ -225,16 +242,23 @@ def flops_table(models: dict[str, Counted], lengths: list[int], xla: bool | set[
             measured = xla_flops(m.cfg, length, p) if xla is True or (xla and length in xla) else None
             paper = PAPER_TABLE6.get(length, {}).get(column)
             forward = train / 3  # the 6N convention: forward 2, backward 4 per parameter (every term ×3)
-            rows.append({
-                "model": column, "arch": m.cfg.arch, "length": length, "predictions": p,
-                "analytic_train_flops": train, "xla_train_flops": measured,
-                "xla_over_analytic": measured / train if measured else None,
-                "analytic_forward_flops": forward, "paper_flops": paper,
-                "train_over_paper": train / paper if paper else None,
-                "forward_over_paper": forward / paper if paper else None,
-                "paper_config": is_paper_config(column, m.cfg),
-                "size": f"{m.cfg.num_layers} layers × d {m.cfg.hidden_size}",
-            })  # fmt: skip
+            rows.append(
+                {
+                    "model": column,
+                    "arch": m.cfg.arch,
+                    "length": length,
+                    "predictions": p,
+                    "analytic_train_flops": train,
+                    "xla_train_flops": measured,
+                    "xla_over_analytic": measured / train if measured else None,
+                    "analytic_forward_flops": forward,
+                    "paper_flops": paper,
+                    "train_over_paper": train / paper if paper else None,
+                    "forward_over_paper": forward / paper if paper else None,
+                    "paper_config": is_paper_config(column, m.cfg),
+                    "size": f"{m.cfg.num_layers} layers × d {m.cfg.hidden_size}",
+                }
+            )
     return rows
 
 
@@ -263,8 +287,10 @@ def analyze_flops(models: dict[str, Counted], lengths: list[int], out_dir: Path,
         w = csvlib.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows({k: ("" if r[k] is None else r[k]) for k in COLUMNS} for r in rows)
-    configs = {k: {f: getattr(m.cfg, f) for f in ("arch", "hidden_size", "num_layers", "intermediate_size",
-                                                   "vocab_size")} for k, m in models.items()}  # fmt: skip
+    configs = {
+        k: {f: getattr(m.cfg, f) for f in ("arch", "hidden_size", "num_layers", "intermediate_size", "vocab_size")}
+        for k, m in models.items()
+    }
     json_path = out_dir / "flops.json"
     json_path.write_text(json.dumps({"note": NOTE, "configs": configs, "paper": PAPER_TABLE6, "rows": rows}, indent=2))
     png = plot_flops(rows, out_dir / "flops.png")
@@ -320,8 +346,9 @@ def plot_flops(rows: list[dict], out: Path) -> Path:
     ax.set_yscale("log")
     ax.set_ylabel("training FLOPs per sequence (batch 1)")
     sizes = ", ".join(f"{m}: {rs[0]['size']}" for m, rs in by_model.items())
-    ax.set_title("BiGS Table 6: FLOPs by input length" if not other_size else f"FLOPs by input length ({sizes})",
-                 fontsize=10)  # fmt: skip
+    ax.set_title(
+        "BiGS Table 6: FLOPs by input length" if not other_size else f"FLOPs by input length ({sizes})", fontsize=10
+    )
     if other_size:
         _draw_growth(axes["growth"], {m: by_model[m] for m in other_size})
     if "ratio" in axes:
@@ -372,10 +399,14 @@ def _draw_ratio(ax, by_model: dict[str, list[dict]]) -> None:
     bigs = {r["length"]: r for r in by_model["BiGS"]}
     both = [(r, bigs[r["length"]]) for r in by_model["BERT"] if r["length"] in bigs]
     x = [a["length"] for a, _ in both]
-    ax.plot(x, [a["analytic_train_flops"] / b["analytic_train_flops"] for a, b in both], "-o", ms=4,
-            label="ours (analytic)")  # fmt: skip
-    paper = [(a["length"], a["paper_flops"] / b["paper_flops"]) for a, b in both
-             if a["paper_flops"] and a["paper_config"] and b["paper_config"]]  # fmt: skip
+    ax.plot(
+        x, [a["analytic_train_flops"] / b["analytic_train_flops"] for a, b in both], "-o", ms=4, label="ours (analytic)"
+    )
+    paper = [
+        (a["length"], a["paper_flops"] / b["paper_flops"])
+        for a, b in both
+        if a["paper_flops"] and a["paper_config"] and b["paper_config"]
+    ]
     if paper:
         ax.plot(*zip(*paper, strict=True), "x", ms=8, mew=2, color="black", label="paper Table 6")
     ax.axhline(1, color="grey", lw=0.6)
@@ -407,8 +438,11 @@ def for_report(run, out_dir: Path) -> dict | None:
     base = next((r for r in table if r["paper_flops"]), table[0])
     rows, columns = [], ["length", "training FLOPs (analytic)", "training FLOPs (XLA)"]
     for r in table:
-        row = [f"{r['length']:,}", f"{r['analytic_train_flops']:.3g}",
-               f"{r['xla_train_flops']:.3g}" if r["xla_train_flops"] else "–"]  # fmt: skip
+        row = [
+            f"{r['length']:,}",
+            f"{r['analytic_train_flops']:.3g}",
+            f"{r['xla_train_flops']:.3g}" if r["xla_train_flops"] else "–",
+        ]
         if same:
             row.append(f"{r['paper_flops']:.2g}" if r["paper_flops"] else "–")
         else:  # growth from the shortest paper length, ours beside the paper's

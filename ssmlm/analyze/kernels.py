@@ -137,9 +137,14 @@ def analyze_kernels(run, out_dir: Path, window: int = 10, length: int | None = N
     title = f"SSM kernels of {run.dir.name} (step {step}, L={length})"
     png = plot_kernel_map(fwd[chosen], bwd[chosen], window, title, out_dir / "kernels.png", chosen)
     full = plot_kernel_map(
-        fwd[chosen], bwd[chosen], length - 1, f"SSM kernels of {run.dir.name}, all offsets",
-        out_dir / "kernels_full.png", chosen, svg=False,
-    )  # fmt: skip
+        fwd[chosen],
+        bwd[chosen],
+        length - 1,
+        f"SSM kernels of {run.dir.name}, all offsets",
+        out_dir / "kernels_full.png",
+        chosen,
+        svg=False,
+    )
     return {
         "plot": str(png),
         "svg": str(png.with_suffix(".svg")),
@@ -193,9 +198,12 @@ def compare_kernels(run1, run2, out_dir: Path, layers=None, length: int | None =
     change_csv.write_text("\n".join(lines) + "\n")
     labels = (f"{run1.dir.name} (step {step1})", f"{run2.dir.name} (step {step2})")
     png = plot_kernel_compare(
-        {k: (relative_row(f1[k], b1[k]), relative_row(f2[k], b2[k])) for k in chosen}, change, labels,
-        f"Change in SSM kernels: {run1.dir.name} → {run2.dir.name} (L={length})", out_dir / "kernels_compare.png",
-    )  # fmt: skip
+        {k: (relative_row(f1[k], b1[k]), relative_row(f2[k], b2[k])) for k in chosen},
+        change,
+        labels,
+        f"Change in SSM kernels: {run1.dir.name} → {run2.dir.name} (L={length})",
+        out_dir / "kernels_compare.png",
+    )
     return {
         "plot": str(png),
         "svg": str(png.with_suffix(".svg")),

@@ -150,8 +150,16 @@ def bin_rows(lengths, correct, edges: tuple[int, ...]) -> list[dict]:
         inside = (lengths > lo) & (lengths <= hi)
         n = int(inside.sum())
         ok = int(correct[inside].sum())
-        rows.append({"bin": bin_label(lo, hi), "lo": lo, "hi": hi if math.isfinite(hi) else "",
-                     "n": n, "correct": ok, "accuracy": ok / n if n else None})  # fmt: skip
+        rows.append(
+            {
+                "bin": bin_label(lo, hi),
+                "lo": lo,
+                "hi": hi if math.isfinite(hi) else "",
+                "n": n,
+                "correct": ok,
+                "accuracy": ok / n if n else None,
+            }
+        )
     return rows
 
 
@@ -178,8 +186,9 @@ def length_accuracy(run, edges, split="validation", data_dir=None, validation_fi
     }
 
 
-def analyze_length_bins(runs, out_dir: Path, edges=DEFAULT_EDGES, split="validation", data_dir=None,
-                        validation_file=None, batch_size=32) -> dict:  # fmt: skip
+def analyze_length_bins(
+    runs, out_dir: Path, edges=DEFAULT_EDGES, split="validation", data_dir=None, validation_file=None, batch_size=32
+) -> dict:
     if not runs:
         raise UserError("--ckpt: give at least one finetuned run")
     results = {r.dir.name: length_accuracy(r, edges, split, data_dir, validation_file, batch_size) for r in runs}
@@ -215,8 +224,13 @@ def plot(table: list[dict], out: Path) -> Path:
         arch = mine[used[0]]["arch"] if used else ""
         bars = ax.bar(xs, acc, width, label=f"{name} ({arch})")
         for bar, b in zip(bars, used, strict=True):
-            ax.annotate(f"n={mine[b]['n']}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=7)  # fmt: skip
+            ax.annotate(
+                f"n={mine[b]['n']}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_xticks(range(len(used)), used)
     ax.set_xlabel("input length (tokens, special tokens included)")
     ax.set_ylabel("accuracy (%)")
@@ -240,6 +254,8 @@ def for_report(run, out_dir: Path) -> dict | None:
         "figure": FIGURE,
         "images": [result["plot"]],
         "data": [result["data"]],
-        "numbers": {"accuracy": result["accuracy"][run.dir.name],
-                    **{f"accuracy {b} tokens": v for b, v in result["by_bin"][run.dir.name].items()}},
-    }  # fmt: skip
+        "numbers": {
+            "accuracy": result["accuracy"][run.dir.name],
+            **{f"accuracy {b} tokens": v for b, v in result["by_bin"][run.dir.name].items()},
+        },
+    }

@@ -69,7 +69,7 @@ def analyze_mixture(run_dir: Path, out_dir: Path) -> dict:
                 "explored": int(r.get("explored", 0)),
                 **{f"share/{c}": r.get(f"share/{c}", np.nan) for c in classes},
                 **{f"reward/{c}": r.get(f"reward/{c}", np.nan) for c in classes},
-            }  # fmt: skip
+            }
             for r in recs
         ]
     )
@@ -81,8 +81,14 @@ def analyze_mixture(run_dir: Path, out_dir: Path) -> dict:
     svg = png.with_suffix(".svg")
     start = {c: float(table[f"share/{c}"].iloc[0]) for c in classes}
     final = {c: float(table[f"share/{c}"].iloc[-1]) for c in classes}
-    return {"plot": str(png), "svg": str(svg), "data": str(csv), "evaluations": len(table) - 1,
-            "start_share": start, "final_share": final}  # fmt: skip
+    return {
+        "plot": str(png),
+        "svg": str(svg),
+        "data": str(csv),
+        "evaluations": len(table) - 1,
+        "start_share": start,
+        "final_share": final,
+    }
 
 
 def plot_mixture(table, classes: list[str], run_dir: Path, png: Path) -> Path:
@@ -100,8 +106,14 @@ def plot_mixture(table, classes: list[str], run_dir: Path, png: Path) -> Path:
     shares = np.stack([table[f"share/{c}"].to_numpy() for c in classes])
     cmap = plt.get_cmap("tab10")
     labels = [c.replace("_", " ") for c in classes]
-    top.stackplot(xs, np.concatenate([shares, shares[:, -1:]], axis=1), labels=labels, step="post",
-                  colors=[cmap(i) for i in range(len(classes))], alpha=0.85)  # fmt: skip
+    top.stackplot(
+        xs,
+        np.concatenate([shares, shares[:, -1:]], axis=1),
+        labels=labels,
+        step="post",
+        colors=[cmap(i) for i in range(len(classes))],
+        alpha=0.85,
+    )
     for x in table.loc[table["explored"] == 1, "applies_from"]:
         top.axvline(x, color="black", lw=0.6, ls=":")
     top.set_ylim(0, 1)
@@ -117,8 +129,14 @@ def plot_mixture(table, classes: list[str], run_dir: Path, png: Path) -> Path:
     for i, c in enumerate(classes):
         y = rewarded[f"reward/{c}"].to_numpy()
         if np.isfinite(y).any():
-            bottom.plot(slots + (i - (len(classes) - 1) / 2) * width, y, MARKERS[i % len(MARKERS)], ms=5,
-                        color=cmap(i), label=labels[i])  # fmt: skip
+            bottom.plot(
+                slots + (i - (len(classes) - 1) / 2) * width,
+                y,
+                MARKERS[i % len(MARKERS)],
+                ms=5,
+                color=cmap(i),
+                label=labels[i],
+            )
     for x in slots[1:]:
         bottom.axvline(x - 0.5, color="grey", lw=0.4, alpha=0.5)
     bottom.set_xticks(slots, [f"{s:,}" for s in steps])
@@ -158,6 +176,11 @@ def for_report(run, out_dir: Path) -> dict | None:
     rows = [[c.replace("_", " "), round(r["start_share"][c], 3), round(v, 3)] for c, v in r["final_share"].items()]
     columns = ["objective class", "share at the start", "share at the end"]
     title = f"Birdie's objective mixture over training ({r['evaluations']} controller updates)"
-    return {"title": title, "figure": FIGURE, "images": [r["plot"]],
-            "data": [r["data"]], "numbers": {"controller updates": r["evaluations"]},
-            "table": {"columns": columns, "rows": rows}}  # fmt: skip
+    return {
+        "title": title,
+        "figure": FIGURE,
+        "images": [r["plot"]],
+        "data": [r["data"]],
+        "numbers": {"controller updates": r["evaluations"]},
+        "table": {"columns": columns, "rows": rows},
+    }

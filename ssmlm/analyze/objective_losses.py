@@ -44,8 +44,10 @@ def config_names(run, n: int) -> tuple[list[str], str]:
     """The names of the run's ``n`` evaluated configurations and where they came from."""
     from ssmlm.objectives.birdie.mixtures import mixture
 
-    for where, names in (("the checkpoint manifest", newest_manifest(run.dir).get("configs")),
-                         ("run.json", run.info.get("configs"))):  # fmt: skip
+    for where, names in (
+        ("the checkpoint manifest", newest_manifest(run.dir).get("configs")),
+        ("run.json", run.info.get("configs")),
+    ):
         if isinstance(names, list) and len(names) == n:
             return [str(x) for x in names], where
     try:
@@ -93,12 +95,16 @@ def class_table(names: list[str], steps: list[int], losses: list[list[float]]) -
         first = [losses[0][i] for i in idx if math.isfinite(losses[0][i])]
         last = [(losses[-1][i], i) for i in idx if math.isfinite(losses[-1][i])]
         lo, hi = (min(last), max(last)) if last else ((math.nan, idx[0]), (math.nan, idx[0]))
-        out.append({
-            "class": c, "n": len(idx),
-            "first": sum(first) / len(first) if first else math.nan,
-            "last": sum(v for v, _ in last) / len(last) if last else math.nan,
-            "lowest": (short_name(names[lo[1]]) or c, lo[0]), "highest": (short_name(names[hi[1]]) or c, hi[0]),
-        })  # fmt: skip
+        out.append(
+            {
+                "class": c,
+                "n": len(idx),
+                "first": sum(first) / len(first) if first else math.nan,
+                "last": sum(v for v, _ in last) / len(last) if last else math.nan,
+                "lowest": (short_name(names[lo[1]]) or c, lo[0]),
+                "highest": (short_name(names[hi[1]]) or c, hi[0]),
+            }
+        )
     return out
 
 
@@ -117,8 +123,12 @@ def plot_classes(table: list[dict], names: list[str], steps: list[int], losses, 
 
     plt = _plt()
     cols = _columns(steps)
-    grid = np.array([[np.nanmean([losses[j][i] for i, x in enumerate(names) if class_of(x) == row["class"]])
-                      for j in cols] for row in table])  # fmt: skip
+    grid = np.array(
+        [
+            [np.nanmean([losses[j][i] for i, x in enumerate(names) if class_of(x) == row["class"]]) for j in cols]
+            for row in table
+        ]
+    )
     fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(cols) + 2.2, 0.42 * len(table) + 1.5))
     im = ax.imshow(grid, aspect="auto", cmap="viridis_r")
     mid = np.nanmean(grid)
@@ -166,20 +176,39 @@ def objective_losses(run, out_dir: Path) -> dict | None:
         return None
     names, source = config_names(run, len(losses[0]))
     out_dir.mkdir(parents=True, exist_ok=True)
-    csv = write_csv(out_dir / "objective_losses.csv", ("step", "index", "class", "configuration", "loss"),
-                    [{"step": s, "index": i, "class": class_of(x), "configuration": x, "loss": losses[j][i]}
-                     for j, s in enumerate(steps) for i, x in enumerate(names)])  # fmt: skip
+    csv = write_csv(
+        out_dir / "objective_losses.csv",
+        ("step", "index", "class", "configuration", "loss"),
+        [
+            {"step": s, "index": i, "class": class_of(x), "configuration": x, "loss": losses[j][i]}
+            for j, s in enumerate(steps)
+            for i, x in enumerate(names)
+        ],
+    )
     table = class_table(names, steps, losses)
     name = run.dir.name
-    by_class = plot_classes(table, names, steps, losses, f"{name}: validation loss per objective class",
-                            out_dir / "objective_classes.png")  # fmt: skip
-    every = plot_configs(names, steps, losses, f"{name}: validation loss of each of the {len(names)} configurations",
-                         out_dir / "objective_configs.png")  # fmt: skip
+    by_class = plot_classes(
+        table, names, steps, losses, f"{name}: validation loss per objective class", out_dir / "objective_classes.png"
+    )
+    every = plot_configs(
+        names,
+        steps,
+        losses,
+        f"{name}: validation loss of each of the {len(names)} configurations",
+        out_dir / "objective_configs.png",
+    )
     try:
         from ssmlm.objectives.birdie.mixtures import mixture
 
         grid = len(mixture(run.recipe.objective.mixture)[0])
     except ValueError:
         grid = len(names)
-    return {"steps": steps, "names": names, "names_from": source, "table": table, "grid": grid,
-            "images": [str(by_class), str(every)], "data": [str(csv)]}  # fmt: skip
+    return {
+        "steps": steps,
+        "names": names,
+        "names_from": source,
+        "table": table,
+        "grid": grid,
+        "images": [str(by_class), str(every)],
+        "data": [str(csv)],
+    }

@@ -72,11 +72,19 @@ def analyze_phonebook(runs: list[Path], out_dir: Path, labels: list[str] | None 
     results = {label: latest_evaluation(r) for label, r in zip(labels, runs, strict=True)}
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [
-        {"run": name, "axis": table, "bin": key, "books": v["books"],
-         "number_accuracy_pct": 100 * v["number_accuracy"], "all_correct_pct": 100 * v["all_correct"],
-         "digit_accuracy_pct": None if v.get("digit_accuracy") is None else 100 * v["digit_accuracy"]}
-        for name, res in results.items() for table in TABLES for key, v in res["metrics"][table].items()
-    ]  # fmt: skip
+        {
+            "run": name,
+            "axis": table,
+            "bin": key,
+            "books": v["books"],
+            "number_accuracy_pct": 100 * v["number_accuracy"],
+            "all_correct_pct": 100 * v["all_correct"],
+            "digit_accuracy_pct": None if v.get("digit_accuracy") is None else 100 * v["digit_accuracy"],
+        }
+        for name, res in results.items()
+        for table in TABLES
+        for key, v in res["metrics"][table].items()
+    ]
     csv_path = out_dir / "phonebook.csv"
     write_csv(csv_path, list(rows[0]) if rows else ["run"], rows)
 
@@ -94,8 +102,15 @@ def analyze_phonebook(runs: list[Path], out_dir: Path, labels: list[str] | None 
             ys = [100 * tab[x]["number_accuracy"] for x in xs]
             (line,) = ax.plot([where[x] for x in xs], ys, "o-", label=name, clip_on=False)  # 0 / 100 markers whole
             for x, y in zip(xs, ys, strict=True):  # each point rests on few books: say how many
-                ax.annotate(f"n={tab[x]['books']}", (where[x], y), textcoords="offset points", xytext=(0, 6 + 9 * k),
-                            ha="center", fontsize=7, color=line.get_color())  # fmt: skip
+                ax.annotate(
+                    f"n={tab[x]['books']}",
+                    (where[x], y),
+                    textcoords="offset points",
+                    xytext=(0, 6 + 9 * k),
+                    ha="center",
+                    fontsize=7,
+                    color=line.get_color(),
+                )
             # digit accuracy (chance 10%): a graded signal while whole numbers are still all wrong
             dx = [x for x in xs if tab[x].get("digit_accuracy") is not None]
             if dx:
@@ -139,5 +154,9 @@ def for_report_runs(runs: list, out_dir: Path) -> dict | None:
     if len(found) < 2:
         return None
     r = analyze_phonebook(found, out_dir)
-    return {"title": f"Phone-book retrieval, {len(found)} runs compared", "figure": FIGURE, "images": [r["plot"]],
-            "data": [r["data"]]}  # fmt: skip
+    return {
+        "title": f"Phone-book retrieval, {len(found)} runs compared",
+        "figure": FIGURE,
+        "images": [r["plot"]],
+        "data": [r["data"]],
+    }

@@ -132,11 +132,21 @@ def _overview(runs, names, across: dict, out_dir: Path, progress) -> tuple[str, 
         loss = next((v for k, v in f["headline"] if k.startswith("training loss")), None)
         arch = run.recipe.model.arch
         model = family_name(arch) + (f", {human(f['params']['total'])} parameters" if f["params"] else "")
-        rows.append([name, model, f.get("objective") or f.get("task"), f["steps"], f["tokens"].split(" (")[0],
-                     f.get("wall time", "–"), round(loss, 4) if loss is not None else "–"])  # fmt: skip
-    parts = ["<section id='runs'><h2 data-part='runs'>Runs compared</h2>",
-             _grid(["run", "model", "objective / task", "steps", "tokens", "wall time", "final training loss"],
-                   rows)]  # fmt: skip
+        rows.append(
+            [
+                name,
+                model,
+                f.get("objective") or f.get("task"),
+                f["steps"],
+                f["tokens"].split(" (")[0],
+                f.get("wall time", "–"),
+                round(loss, 4) if loss is not None else "–",
+            ]
+        )
+    parts = [
+        "<section id='runs'><h2 data-part='runs'>Runs compared</h2>",
+        _grid(["run", "model", "objective / task", "steps", "tokens", "wall time", "final training loss"], rows),
+    ]
     blocks, info = [], {}
     for key, module in across.items():
         step(f"across runs: {key}")
@@ -201,17 +211,25 @@ def _run_section(run, name: str, anchor: str, run_out: Path, page_dir: Path, ana
     done()
     none = "<p>None of the paper analyses applies to this run.</p>"
     parts.append(_part(anchor, "analyses", "Analyses") + ("".join(hooked["analyses"]) or none))
-    for label, keys in (("Not applicable to this run", not_applicable),
-                        ("Drawn only across several runs" + (" (at the top)" if runs > 1 else " (give more --ckpt)"),
-                         several),
-                        ("Without a report entry (run them by hand)", no_hook)):  # fmt: skip
+    for label, keys in (
+        ("Not applicable to this run", not_applicable),
+        ("Drawn only across several runs" + (" (at the top)" if runs > 1 else " (give more --ckpt)"), several),
+        ("Without a report entry (run them by hand)", no_hook),
+    ):
         if keys:
             parts.append(f"<p class='meta'>{label}: {_e(', '.join(keys))}</p>")
     recipe = (run.dir / "recipe.yaml").read_text(encoding="utf-8", errors="replace")
-    parts.append(_part(anchor, "recipe", "Recipe")
-                 + f"<details><summary>recipe.yaml</summary><pre>{_e(recipe)}</pre></details></section>")  # fmt: skip
-    info = {"analyses": applied, "not_applicable": not_applicable, "several_runs": several,
-            "no_report_entry": no_hook, "errors": errors}  # fmt: skip
+    parts.append(
+        _part(anchor, "recipe", "Recipe")
+        + f"<details><summary>recipe.yaml</summary><pre>{_e(recipe)}</pre></details></section>"
+    )
+    info = {
+        "analyses": applied,
+        "not_applicable": not_applicable,
+        "several_runs": several,
+        "no_report_entry": no_hook,
+        "errors": errors,
+    }
     return "".join(parts), info
 
 
@@ -265,8 +283,15 @@ def _training(run, out: Path) -> str:
     if steady:
         tp.plot([r["step"] for r in steady], [r["tokens_per_s"] for r in steady], "o-", ms=3, label="training only")
     if other:
-        tp.plot([r["step"] for r in other], [r["tokens_per_s"] for r in other], "o", ms=5, mfc="none", color="grey",
-                label="window with compilation,\nevaluation or a save")  # fmt: skip
+        tp.plot(
+            [r["step"] for r in other],
+            [r["tokens_per_s"] for r in other],
+            "o",
+            ms=5,
+            mfc="none",
+            color="grey",
+            label="window with compilation,\nevaluation or a save",
+        )
     if fast:
         tp.set_ylim(bottom=0)
         tp.legend(fontsize=7, loc="lower right")
@@ -283,8 +308,12 @@ def _training(run, out: Path) -> str:
     fig.tight_layout()
     png = save_figure(fig, out / "curve_throughput.png", svg=False)
     tps = sorted(r["tokens_per_s"] for r in steady)
-    median = (f"<p>Median throughput over the {len(tps)} logged windows of training alone: "
-              f"{tps[len(tps) // 2]:,.0f} tokens/s.</p>" if tps else "")  # fmt: skip
+    median = (
+        f"<p>Median throughput over the {len(tps)} logged windows of training alone: "
+        f"{tps[len(tps) // 2]:,.0f} tokens/s.</p>"
+        if tps
+        else ""
+    )
     return median + _img(png, "throughput and learning rate against step")
 
 
@@ -295,26 +324,50 @@ def _objective_losses(run, out: Path, page_dir: Path) -> str:
     r = objective_losses(run, out)
     if r is None:
         return ""
-    rows = [[t["class"].replace("_", " "), t["n"], round(t["first"], 3), round(t["last"], 3),
-             f"{t['lowest'][0]}: {t['lowest'][1]:.3f}" if t["n"] > 1 else "–",
-             f"{t['highest'][0]}: {t['highest'][1]:.3f}" if t["n"] > 1 else "–"]
-            for t in r["table"]]  # fmt: skip
+    rows = [
+        [
+            t["class"].replace("_", " "),
+            t["n"],
+            round(t["first"], 3),
+            round(t["last"], 3),
+            f"{t['lowest'][0]}: {t['lowest'][1]:.3f}" if t["n"] > 1 else "–",
+            f"{t['highest'][0]}: {t['highest'][1]:.3f}" if t["n"] > 1 else "–",
+        ]
+        for t in r["table"]
+    ]
     steps = r["steps"]
     left = r["grid"] - len(r["names"])
-    intro = (f"<p>Validation loss of each of the {len(r['names'])} objective configurations the run evaluated"
-             + (f" ({left} of the mixture's {r['grid']} cannot make a sample in a row and were left out)" if left > 0
-                else "")
-             + f", at {len(steps)} evaluations (steps {steps[0]:,}–{steps[-1]:,}); names from {_e(r['names_from'])}."
-             "</p>")  # fmt: skip
-    table = _grid(["objective class", "configurations", f"mean loss, step {steps[0]:,}",
-                   f"mean loss, step {steps[-1]:,}", "lowest at the end", "highest at the end"], rows)  # fmt: skip
+    intro = (
+        f"<p>Validation loss of each of the {len(r['names'])} objective configurations the run evaluated"
+        + (
+            f" ({left} of the mixture's {r['grid']} cannot make a sample in a row and were left out)"
+            if left > 0
+            else ""
+        )
+        + f", at {len(steps)} evaluations (steps {steps[0]:,}–{steps[-1]:,}); names from {_e(r['names_from'])}."
+        "</p>"
+    )
+    table = _grid(
+        [
+            "objective class",
+            "configurations",
+            f"mean loss, step {steps[0]:,}",
+            f"mean loss, step {steps[-1]:,}",
+            "lowest at the end",
+            "highest at the end",
+        ],
+        rows,
+    )
     by_class, every = (Path(p) for p in r["images"])
     links = ", ".join(f"<a href='{_e(_rel(Path(p), page_dir))}'>{_e(Path(p).name)}</a>" for p in r["data"])
-    return (f"<div class='analysis'><h4>Loss per objective class</h4>{intro}{table}"
-            + _img(by_class, "mean validation loss per class at each evaluation (n: configurations in the class)")
-            + f"<details><summary>every configuration, by name ({len(r['names'])})</summary>"
-            + _img(every, "validation loss of every configuration at each evaluation") + "</details>"
-            + f"<p class='meta'>Data: {links}</p></div>")  # fmt: skip
+    return (
+        f"<div class='analysis'><h4>Loss per objective class</h4>{intro}{table}"
+        + _img(by_class, "mean validation loss per class at each evaluation (n: configurations in the class)")
+        + f"<details><summary>every configuration, by name ({len(r['names'])})</summary>"
+        + _img(every, "validation loss of every configuration at each evaluation")
+        + "</details>"
+        + f"<p class='meta'>Data: {links}</p></div>"
+    )
 
 
 def _analysis_block(key: str, result: dict, page_dir: Path) -> str:
@@ -380,8 +433,10 @@ def data_uri(path: Path) -> str:
 
 
 def _img(path: Path, caption: str) -> str:
-    return (f"<figure><img alt='{_e(caption)}' data-file='{_e(path.name)}' src='{data_uri(path)}'>"
-            f"<figcaption>{_e(caption)}</figcaption></figure>")  # fmt: skip
+    return (
+        f"<figure><img alt='{_e(caption)}' data-file='{_e(path.name)}' src='{data_uri(path)}'>"
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
 
 
 def _table(rows, header: tuple[str, str]) -> str:

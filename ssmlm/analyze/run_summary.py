@@ -158,8 +158,9 @@ def length_facts(run, rows: list[dict], summary: dict) -> dict:
     seconds = summary.get("seconds_total", summary.get("seconds"))
     if isinstance(seconds, int | float):
         launches = summary.get("launches")
-        out["wall time"] = duration(seconds) + (f" over {launches} launches" if isinstance(launches, int)
-                                                and launches > 1 else "")  # fmt: skip
+        out["wall time"] = duration(seconds) + (
+            f" over {launches} launches" if isinstance(launches, int) and launches > 1 else ""
+        )
     return out
 
 

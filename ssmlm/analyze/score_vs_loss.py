@@ -164,9 +164,16 @@ def point(run_dir: Path, metric: str | None = None) -> dict:
     source = open_run(source_of(run))
     metric = metric or default_metric(run.info)
     score, score_from = finetuned_score(run.dir, run.info, metric)
-    return {"run": run.dir.name, "task": run.info.get("task"), "metric": metric, "score": score,
-            "score_from": score_from, "source": source.dir.name, "arch": source.recipe.model.arch,
-            **source_loss(source.dir)}  # fmt: skip
+    return {
+        "run": run.dir.name,
+        "task": run.info.get("task"),
+        "metric": metric,
+        "score": score,
+        "score_from": score_from,
+        "source": source.dir.name,
+        "arch": source.recipe.model.arch,
+        **source_loss(source.dir),
+    }
 
 
 def analyze_transfer(run_dirs: list[Path], out_dir: Path, metric: str | None = None, bert: bool = False) -> dict:
@@ -194,14 +201,24 @@ def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
         mine = sorted((r for r in table if r["arch"] == arch), key=lambda r: r["loss"])
         ax.plot([r["loss"] for r in mine], [r["score"] for r in mine], "o-", label=arch)
         for r in mine:
-            ax.annotate(f"{r['source']} @ {r['step']}", (r["loss"], r["score"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)  # fmt: skip
+            ax.annotate(
+                f"{r['source']} @ {r['step']}",
+                (r["loss"], r["score"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+            )
     if bert:
         import math
 
         scale = 100 if all(r["score"] <= 1 for r in table) else 1  # our accuracies are fractions
-        ax.plot([math.log(p) for p, _ in BERT_MNLI], [a / scale for _, a in BERT_MNLI], "s--", color="grey",
-                label="BERT, MNLI-m (Devlin et al. 2018)")  # fmt: skip
+        ax.plot(
+            [math.log(p) for p, _ in BERT_MNLI],
+            [a / scale for _, a in BERT_MNLI],
+            "s--",
+            color="grey",
+            label="BERT, MNLI-m (Devlin et al. 2018)",
+        )
     losses = {r["loss_name"] for r in table}
     metrics = {r["metric"] for r in table}
     tasks = {str(r["task"]) for r in table}
@@ -252,8 +269,10 @@ def for_report_runs(runs: list, out_dir: Path) -> dict | None:
     if len(found) < 2:
         return None
     result = analyze_transfer(found, out_dir)
-    rows = [[name, p["arch"], *(round(v, 4) if isinstance(v, float) else v for k, v in p.items() if k != "arch")]
-            for name, p in result["points"].items()]  # fmt: skip
+    rows = [
+        [name, p["arch"], *(round(v, 4) if isinstance(v, float) else v for k, v in p.items() if k != "arch")]
+        for name, p in result["points"].items()
+    ]
     keys = {tuple(k for k in p if k != "arch") for p in result["points"].values()}  # (loss name, metric) per run
     loss, metric = next(iter(keys)) if len(keys) == 1 else ("validation loss", "score")
     names = [f"source's {loss}", metric]

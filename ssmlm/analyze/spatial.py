@@ -201,9 +201,12 @@ def plot_token_filters(W, layers: list[int], tokens: list[int], title: str, out_
     plt = _plt()
     n = W.shape[1]
     fig, axes = plt.subplots(
-        len(layers), len(tokens), figsize=(2.1 * len(tokens) + 0.8, 1.7 * len(layers) + 1.0), squeeze=False,
+        len(layers),
+        len(tokens),
+        figsize=(2.1 * len(tokens) + 0.8, 1.7 * len(layers) + 1.0),
+        squeeze=False,
         sharex=True,
-    )  # fmt: skip
+    )
     for r, li in enumerate(layers):
         for c, t in enumerate(tokens):
             ax = axes[r, c]

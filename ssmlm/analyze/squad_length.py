@@ -91,8 +91,15 @@ def plot(table: list[dict], out: Path) -> Path:
             (line,) = ax.plot([x[r["bin"]] for r in mine], [r[metric] for r in mine], "o-", label=run)
             for r in mine:  # the questions behind each point
                 if r.get("n") is not None and r[metric] is not None:
-                    ax.annotate(f"n={r['n']}", (x[r["bin"]], r[metric]), textcoords="offset points", xytext=(0, 5),
-                                ha="center", fontsize=7, color=line.get_color())  # fmt: skip
+                    ax.annotate(
+                        f"n={r['n']}",
+                        (x[r["bin"]], r[metric]),
+                        textcoords="offset points",
+                        xytext=(0, 5),
+                        ha="center",
+                        fontsize=7,
+                        color=line.get_color(),
+                    )
         ax.set_xticks(range(len(bins)), [label for _, label in bins], rotation=30)
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title)
@@ -113,5 +120,10 @@ def for_report(run, out_dir: Path) -> dict | None:
         return None
     r = analyze_squad_length([run.dir], out_dir)
     numbers = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
-    return {"title": "SQuAD v2 (answerable) by context length", "figure": FIGURE, "images": [r["plot"]],
-            "data": [r["data"]], "numbers": numbers}  # fmt: skip
+    return {
+        "title": "SQuAD v2 (answerable) by context length",
+        "figure": FIGURE,
+        "images": [r["plot"]],
+        "data": [r["data"]],
+        "numbers": numbers,
+    }

@@ -10,8 +10,9 @@ from ssmlm.data.sources import check_inputs
 from ssmlm.errors import UserError
 
 
-def with_task_options(r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir=None,
-                      no_header=False):  # fmt: skip
+def with_task_options(
+    r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir=None, no_header=False
+):
     """The recipe ``r`` with the task options given on the command line (those not given keep the recipe's)."""
     changes = {
         "header": False if no_header else None,
@@ -43,9 +44,11 @@ def check_encoder_task(r) -> int:
     from ssmlm.data.tasks import TASKS, get_task
 
     if r.task.name in finetuning_tasks():  # a language model's task asked of an encoder: say what would work
-        raise UserError(f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
-                        "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
-                        "finetune that")  # fmt: skip
+        raise UserError(
+            f"--task {r.task.name!r} is for language models, and the --ckpt run is an encoder: pretrain "
+            "a language model (e.g. `ssmlm pretrain birdie_gated_ssm`; `ssmlm recipes` lists them) and "
+            "finetune that"
+        )
     if r.task.train_file and r.task.name not in TASKS:  # a local task: its files, columns and labels, before jax
         from ssmlm.data.tasks import load_task
 
@@ -59,8 +62,9 @@ def check_lm_task(r, ckpt: str) -> int:
     """A language model's task: one it finetunes on, with its files (0: no label count)."""
     # the language models' tasks, by their declarations (ssmlm.data.lm_tasks: no import of the training code)
     if r.task.name not in finetuning_tasks():
-        raise UserError(f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on "
-                        f"{', '.join(finetuning_tasks())}")  # fmt: skip
+        raise UserError(
+            f"--task {r.task.name!r}: {ckpt} is a language model; it finetunes on {', '.join(finetuning_tasks())}"
+        )
     check_train_file(r.task)
     return 0
 

@@ -35,8 +35,11 @@ def as_number(value) -> float | None:
 
 def missing(value) -> bool:
     """An empty cell: no label (a test row's, or a mistake elsewhere)."""
-    return value is None or (isinstance(value, str) and not value.strip()) or (
-        isinstance(value, float) and math.isnan(value))  # fmt: skip
+    return (
+        value is None
+        or (isinstance(value, str) and not value.strip())
+        or (isinstance(value, float) and math.isnan(value))
+    )
 
 
 def key(value) -> tuple:
@@ -69,16 +72,22 @@ def label_map(values: Sequence, field: str, where: str, num_labels: int | None, 
         first.setdefault(key(v), v)
     names = [first[k] for k in sorted(first)]
     if num_labels is not None and num_labels != len(names):
-        raise DataError(f"--num-labels {num_labels} (task.num_labels), but {where} holds {len(names)} distinct "
-                        f"label(s) in column '{field}': {listing(names)}")  # fmt: skip
+        raise DataError(
+            f"--num-labels {num_labels} (task.num_labels), but {where} holds {len(names)} distinct "
+            f"label(s) in column '{field}': {listing(names)}"
+        )
     if len(names) < 2:
-        raise DataError(f"{where}: column '{field}' holds one label only ({listing(names)}); a classifier needs at "
-                        "least two (for regression pass --num-labels 1)")  # fmt: skip
+        raise DataError(
+            f"{where}: column '{field}' holds one label only ({listing(names)}); a classifier needs at "
+            "least two (for regression pass --num-labels 1)"
+        )
     fractional = next((v for v in names if (x := as_number(v)) is not None and not x.is_integer()), None)
     if num_labels is None and fractional is not None:
-        raise DataError(f"{where}: column '{field}' holds numbers that are not whole ({spell(fractional)}); for "
-                        f"regression pass --num-labels 1, to use its {len(names)} values as classes "
-                        f"--num-labels {len(names)}")  # fmt: skip
+        raise DataError(
+            f"{where}: column '{field}' holds numbers that are not whole ({spell(fractional)}); for "
+            f"regression pass --num-labels 1, to use its {len(names)} values as classes "
+            f"--num-labels {len(names)}"
+        )
     return names
 
 
@@ -93,8 +102,9 @@ def to_ids(values: Sequence, names: Sequence, field: str, at: Callable[[int], st
                 raise DataError(f"{at(i)}: no label in column '{field}'")
             ids.append(-1)
         elif (c := index.get(key(v))) is None:
-            raise DataError(f"{at(i)}: label {spell(v)} in column '{field}' is not one of the training labels "
-                            f"({listing(names)})")  # fmt: skip
+            raise DataError(
+                f"{at(i)}: label {spell(v)} in column '{field}' is not one of the training labels ({listing(names)})"
+            )
         else:
             ids.append(c)
     return ids
@@ -109,8 +119,7 @@ def to_class_ids(values: Sequence, num_labels: int, field: str, at: Callable[[in
         if optional and (missing(v) or x == -1):
             ids.append(-1)
         elif x is None or not x.is_integer() or not 0 <= x < num_labels:
-            raise DataError(f"{at(i)}: label {spell(v)} in column '{field}': expected a class id 0 to "
-                            f"{num_labels - 1}")  # fmt: skip
+            raise DataError(f"{at(i)}: label {spell(v)} in column '{field}': expected a class id 0 to {num_labels - 1}")
         else:
             ids.append(int(x))
     return ids
@@ -123,8 +132,10 @@ def to_numbers(values: Sequence, field: str, at: Callable[[int], str], optional:
         if missing(v) and optional:
             out.append(math.nan)
         elif (x := as_number(v)) is None:
-            raise DataError(f"{at(i)}: label {spell(v)} in column '{field}' is not "
-                            "a number; a regression task (num_labels = 1) needs numeric labels")  # fmt: skip
+            raise DataError(
+                f"{at(i)}: label {spell(v)} in column '{field}' is not "
+                "a number; a regression task (num_labels = 1) needs numeric labels"
+            )
         else:
             out.append(x)
     return out

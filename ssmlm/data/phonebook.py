@@ -154,17 +154,25 @@ class _Lines:
         return render([self.names[j] for j in order], [self.numbers[j] for j in order], asked, form)
 
 
-def make_book(rng: np.random.Generator, entries: int, queries: int, form: str = "qcq",
-              digits: int = PAPER_DIGITS) -> PhoneBook:  # fmt: skip
+def make_book(
+    rng: np.random.Generator, entries: int, queries: int, form: str = "qcq", digits: int = PAPER_DIGITS
+) -> PhoneBook:
     """One book of ``entries`` lines asking for ``queries`` of them (a random subset in random order);
     deterministic for a given ``rng`` state."""
     return _Lines(rng, entries, queries, digits).render(form)
 
 
-def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple[int, int] = (1, MAX_QUERIES),
-          form: str = "qcq", fit: Callable[[PhoneBook], int] | None = None,
-          max_len: int | None = None, progress: str | None = None,
-          digits: int = PAPER_DIGITS) -> list[PhoneBook]:  # fmt: skip
+def books(
+    n: int,
+    seed: int,
+    entries: tuple[int, int] = (8, 800),
+    queries: tuple[int, int] = (1, MAX_QUERIES),
+    form: str = "qcq",
+    fit: Callable[[PhoneBook], int] | None = None,
+    max_len: int | None = None,
+    progress: str | None = None,
+    digits: int = PAPER_DIGITS,
+) -> list[PhoneBook]:
     """``n`` books, book i a function of (seed, i) only: entries ~ U{lo..hi}, queries ~ U{qlo..min(qhi, entries)},
     numbers of ``digits`` digits (the paper's 10 as DDD-DDD-DDDD).
     ``progress``: a label for a progress bar (thousands of books take a minute), None for none.
@@ -180,8 +188,10 @@ def books(n: int, seed: int, entries: tuple[int, int] = (8, 800), queries: tuple
     if form not in FORMS:
         raise DataError(f"phone-book form {form!r}: expected one of {', '.join(FORMS)}")
     if not 1 <= digits <= PAPER_DIGITS or hi > 10**digits // 2:
-        raise DataError(f"phone books: {digits}-digit numbers for up to {hi} entries: expected 1-10 digits with "
-                        f"at least twice as many numbers as entries")  # fmt: skip
+        raise DataError(
+            f"phone books: {digits}-digit numbers for up to {hi} entries: expected 1-10 digits with "
+            f"at least twice as many numbers as entries"
+        )
     if (fit is None) != (max_len is None):
         raise ValueError("books: give fit and max_len together")
     out = []
@@ -212,9 +222,17 @@ def _fitted(book: _Lines, form: str, fit, max_len: int, i: int) -> PhoneBook:
     return book.render(form, good)
 
 
-def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[int, int] = (8, 800),
-                    queries: tuple[int, int] = (1, MAX_QUERIES), form: str = "qcq",
-                    progress: str | None = None, digits: int = PAPER_DIGITS) -> list[PhoneBook]:  # fmt: skip
+def phonebook_items(
+    tokenizer,
+    seq_len: int,
+    n: int,
+    seed: int,
+    entries: tuple[int, int] = (8, 800),
+    queries: tuple[int, int] = (1, MAX_QUERIES),
+    form: str = "qcq",
+    progress: str | None = None,
+    digits: int = PAPER_DIGITS,
+) -> list[PhoneBook]:
     """``n`` books (``books``: book i a function of (seed, i)), each shrunk to fit ``seq_len`` tokens of
     ``tokenizer`` together with the paradigm token, START and END (``progress``: a bar's label, or None)."""
 
@@ -224,14 +242,23 @@ def phonebook_items(tokenizer, seq_len: int, n: int, seed: int, entries: tuple[i
     return books(n, seed, entries, queries, form=form, fit=count, max_len=seq_len, progress=progress, digits=digits)
 
 
-def phonebook_books(settings, tokenizer, seq_len: int, n: int, seed: int,
-                    progress: str | None = None) -> list[PhoneBook]:  # fmt: skip
+def phonebook_books(
+    settings, tokenizer, seq_len: int, n: int, seed: int, progress: str | None = None
+) -> list[PhoneBook]:
     """``n`` books drawn as a recipe's ``task.phonebook`` settings say (entries, queries, form), each fitted to
     ``seq_len``: what finetuning trains and validates on and what `ssmlm evaluate --task phonebook` decodes
     (``progress``: a bar's label, or None)."""
-    return phonebook_items(tokenizer, seq_len, n, seed, entries=tuple(settings.entries),
-                           queries=tuple(settings.queries), form=settings.form, progress=progress,
-                           digits=settings.digits)  # fmt: skip
+    return phonebook_items(
+        tokenizer,
+        seq_len,
+        n,
+        seed,
+        entries=tuple(settings.entries),
+        queries=tuple(settings.queries),
+        form=settings.form,
+        progress=progress,
+        digits=settings.digits,
+    )
 
 
 # ----------------------------------------------------------------------------- JSONL

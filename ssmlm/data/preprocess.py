@@ -60,9 +60,19 @@ SPLITS = ("train", "validation")
 LAYOUTS = ("rows", "documents")
 # the DataConfig fields that change the tokens written (masking settings are training-time, not here)
 TOKEN_FIELDS = (
-    "source", "text_field", "split", "max_documents", "tokenizer", "vocab_size", "lowercase",
-    "max_seq_length", "short_seq_prob", "packing", "validation_fraction", "seed",
-)  # fmt: skip
+    "source",
+    "text_field",
+    "split",
+    "max_documents",
+    "tokenizer",
+    "vocab_size",
+    "lowercase",
+    "max_seq_length",
+    "short_seq_prob",
+    "packing",
+    "validation_fraction",
+    "seed",
+)
 CHUNK_CHARS = 32 << 20  # ~32 MB of text per shard: ~8M tokens, a few hundred MB of working memory
 CHUNK_DOCUMENTS = 1 << 18  # bounds a chunk of many tiny documents (per-document Python overhead)
 # documents layout: a longer document (a book in one row of a .jsonl: long .txt files are already cut into documents
@@ -231,8 +241,10 @@ def packing_note(meta: dict) -> str | None:
     packing, short = meta.get("packing", "fill"), meta.get("config", {}).get("short_seq_prob", 0.0)
     head = f"[yellow]packing:[/] the training rows are {fill:.0%} text, {1 - fill:.0%} padding"
     if packing == "full":
-        return (f"{head} (data.packing: full already: data.short_seq_prob = {short} draws that share of the rows "
-                "short, and the last row of every ~32 MB chunk is short)")  # fmt: skip
+        return (
+            f"{head} (data.packing: full already: data.short_seq_prob = {short} draws that share of the rows "
+            "short, and the last row of every ~32 MB chunk is short)"
+        )
     return (
         f"{head} (data.packing: {packing} starts a row per document, and these documents are short); "
         f"data.packing: full would fill them to about {full_fill(meta['max_seq_length'], short):.0%}, "
@@ -330,8 +342,10 @@ def _trained_tokenizer(cfg: DataConfig, quiet: bool, rows: bool):
         where = {"builtin": f"the built-in corpus ({stream.description}, {count})"}.get(
             cfg.source, f"your corpus ({count})" if local else f"{stream.description} ({count})"
         )
-        _say(f"tokenizer: training a {'byte-level BPE' if lm else 'WordPiece'} of up to {cfg.vocab_size:,} tokens "
-             f"on {where}…")  # fmt: skip
+        _say(
+            f"tokenizer: training a {'byte-level BPE' if lm else 'WordPiece'} of up to {cfg.vocab_size:,} tokens "
+            f"on {where}…"
+        )
     lines = (line for doc in docs for line in doc)
     if lm:
         return train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)

@@ -84,16 +84,20 @@ def _read_csv(p: Path, kind: str, header: bool, expected: tuple[str, ...]) -> Ta
         if expected and not set(expected) <= set(names) and _looks_like_data(names, rows):
             shown = ",".join(names)
             shown = shown if len(shown) <= 40 else shown[:39] + "…"
-            raise DataError(f"{p}: the first row ({shown}) looks like data, not column names; pass --no-header "
-                            "(task.header: false) to read columns by position (text first, label last), or add a "
-                            f"header row naming the columns {', '.join(expected)}")  # fmt: skip
+            raise DataError(
+                f"{p}: the first row ({shown}) looks like data, not column names; pass --no-header "
+                "(task.header: false) to read columns by position (text first, label last), or add a "
+                f"header row naming the columns {', '.join(expected)}"
+            )
     else:
         names = [str(i) for i in range(len(rows[0]))]
     for row, line in zip(rows, lines, strict=True):
         if len(row) != len(names):
             first = "the header has" if header else "the first row has"
-            raise DataError(f"{p}: line {line}: {len(row)} fields, but {first} {len(names)}"
-                            + (" (quote text holding commas)" if kind == "csv" else ""))  # fmt: skip
+            raise DataError(
+                f"{p}: line {line}: {len(row)} fields, but {first} {len(names)}"
+                + (" (quote text holding commas)" if kind == "csv" else "")
+            )
     return Table(p, {n: [r[j] for r in rows] for j, n in enumerate(names)}, lines)
 
 
@@ -116,8 +120,9 @@ def positions(n_columns: int, text_fields, label_field, path: Path) -> tuple[tup
     def pos(v, what: str) -> str:
         s = str(v).strip()
         if not s.isdigit() or int(s) >= n_columns:
-            raise DataError(f"{what} = {v!r}: {path} has no header, so columns are named by 0-based position "
-                            f"(0 to {n_columns - 1})")  # fmt: skip
+            raise DataError(
+                f"{what} = {v!r}: {path} has no header, so columns are named by 0-based position (0 to {n_columns - 1})"
+            )
         return str(int(s))
 
     label = pos(label_field, "task.label_field") if label_field is not None else str(n_columns - 1)
@@ -125,8 +130,10 @@ def positions(n_columns: int, text_fields, label_field, path: Path) -> tuple[tup
         return tuple(pos(v, "task.text_fields") for v in text_fields), label
     text = tuple(str(i) for i in range(n_columns) if str(i) != label)
     if not 1 <= len(text) <= 2:
-        raise DataError(f"{path} has {n_columns} columns and no header: say which hold the text with --text-fields "
-                        "(0-based positions, e.g. 0 or 0,1) and the label with --label-field")  # fmt: skip
+        raise DataError(
+            f"{path} has {n_columns} columns and no header: say which hold the text with --text-fields "
+            "(0-based positions, e.g. 0 or 0,1) and the label with --label-field"
+        )
     return text, label
 
 
@@ -135,8 +142,10 @@ def hold_out(train: Table, fraction: float, seed: int) -> tuple[Table, Table]:
     n = len(train)
     k = max(1, round(n * fraction))
     if k >= n:
-        raise DataError(f"task.validation_fraction = {fraction}: holds out all {n} rows of {train.path}; "
-                        "lower it or pass --validation-file")  # fmt: skip
+        raise DataError(
+            f"task.validation_fraction = {fraction}: holds out all {n} rows of {train.path}; "
+            "lower it or pass --validation-file"
+        )
     order = list(range(n))
     random.Random(seed).shuffle(order)
     return train.take(sorted(order[k:])), train.take(sorted(order[:k]))

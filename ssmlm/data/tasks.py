@@ -58,15 +58,46 @@ BUILTIN = {
 }
 
 LONG = {
-    "squad": TaskDef("squad", ("question", "context"), "answers", 2, ("f1", "exact_match"),
-                     ("rajpurkar/squad", None), head="span", description="SQuAD 1.1 (span extraction)"),
-    "squad_v2": TaskDef("squad_v2", ("question", "context"), "answers", 2, ("f1", "exact_match"),
-                        ("rajpurkar/squad_v2", None), head="span", description="SQuAD 2.0 (with unanswerable)"),
-    "quality": TaskDef("quality", ("input",), "output", 4, ("accuracy",), ("tau/scrolls", "quality"),
-                       head="choice", description="SCROLLS QuALITY (multiple choice, EM)"),
-    "contract_nli": TaskDef("contract_nli", ("hypothesis", "document"), "label", 3, ("accuracy",),
-                            ("tau/scrolls", "contract_nli"), description="SCROLLS ContractNLI (EM)"),
-}  # fmt: skip
+    "squad": TaskDef(
+        "squad",
+        ("question", "context"),
+        "answers",
+        2,
+        ("f1", "exact_match"),
+        ("rajpurkar/squad", None),
+        head="span",
+        description="SQuAD 1.1 (span extraction)",
+    ),
+    "squad_v2": TaskDef(
+        "squad_v2",
+        ("question", "context"),
+        "answers",
+        2,
+        ("f1", "exact_match"),
+        ("rajpurkar/squad_v2", None),
+        head="span",
+        description="SQuAD 2.0 (with unanswerable)",
+    ),
+    "quality": TaskDef(
+        "quality",
+        ("input",),
+        "output",
+        4,
+        ("accuracy",),
+        ("tau/scrolls", "quality"),
+        head="choice",
+        description="SCROLLS QuALITY (multiple choice, EM)",
+    ),
+    "contract_nli": TaskDef(
+        "contract_nli",
+        ("hypothesis", "document"),
+        "label",
+        3,
+        ("accuracy",),
+        ("tau/scrolls", "contract_nli"),
+        description="SCROLLS ContractNLI (EM)",
+    ),
+}
 
 TASKS: dict[str, TaskDef] = {**BUILTIN, **GLUE, **LONG}
 
@@ -169,7 +200,7 @@ def _definition(cfg: TaskConfig) -> TaskDef:
         hub=base.hub if base else None,
         splits=base.splits if base else {"train": "train", "validation": "validation"},
         select=base.select if base else None,
-    )  # fmt: skip
+    )
 
 
 def _source_splits(cfg: TaskConfig, td: TaskDef, files: dict) -> dict[str, dict[str, list]]:
@@ -229,8 +260,10 @@ def _local_labels(td: TaskDef, cfg: TaskConfig, tables: dict[str, Table], names:
     if names is None and train is not None:
         names = labels.label_map(train.columns[field], field, str(train.path), cfg.num_labels, train.at)
         if td.num_labels and len(names) > td.num_labels:
-            raise DataError(f"task {td.name} has {td.num_labels} labels, but {train.path} holds {len(names)} in "
-                            f"column '{field}': {labels.listing(names)}")  # fmt: skip
+            raise DataError(
+                f"task {td.name} has {td.num_labels} labels, but {train.path} holds {len(names)} in "
+                f"column '{field}': {labels.listing(names)}"
+            )
     if names is None:  # a known task's own split from a local file: label ids already
         for s, t in labelled.items():
             t.columns[field] = labels.to_class_ids(t.columns[field], td.num_labels, field, t.at, s.startswith("test"))
@@ -275,16 +308,23 @@ def load_task(cfg: TaskConfig, seed: int = 0, label_names: list | None = None) -
         _check_columns(td, split, t.columns, t.path)
     td, names, notes = _local_labels(td, cfg, tables, label_names)
     notes = [notes] if notes else []
-    if names and any(td.label_field in splits.get(s, {}) for s in ("train", "validation")) and any(
-        labels.key(v) != labels.key(i) for i, v in enumerate(names)):  # fmt: skip
-        raise DataError(f"task {td.name}: the training file's labels ({labels.listing(names)}) are not the "
-                        "label ids of its other splits; pass --validation-file too")  # fmt: skip
+    if (
+        names
+        and any(td.label_field in splits.get(s, {}) for s in ("train", "validation"))
+        and any(labels.key(v) != labels.key(i) for i, v in enumerate(names))
+    ):
+        raise DataError(
+            f"task {td.name}: the training file's labels ({labels.listing(names)}) are not the "
+            "label ids of its other splits; pass --validation-file too"
+        )
     if "train" in tables and "validation" not in tables and "validation" not in splits:
         if cfg.validation_fraction > 0:
             train = tables["train"]
             tables["train"], tables["validation"] = hold_out(train, cfg.validation_fraction, seed)
-            notes.append(f"validation: {cfg.validation_fraction * 100:g}% of {train.path.name} held out "
-                         f"({len(tables['validation']):,} rows, seed {seed})")  # fmt: skip
+            notes.append(
+                f"validation: {cfg.validation_fraction * 100:g}% of {train.path.name} held out "
+                f"({len(tables['validation']):,} rows, seed {seed})"
+            )
         else:
             notes.append("validation: none (no validation file and task.validation_fraction = 0)")
     splits.update({s: t.columns for s, t in tables.items()})

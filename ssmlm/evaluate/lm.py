@@ -109,5 +109,11 @@ def _harness(run: Run, task: str, include_path: str | None, limit: int | None, b
             if "," in k and "stderr" not in k and isinstance(v, int | float) and not isinstance(v, bool):
                 metrics[f"{name}/{k.split(',')[0]}"] = float(v)
     step = int(run.load_model()[1]["step"])
-    return {"run": str(run.dir), "task": "lm-eval", "split": "harness", "step": step, "metrics": metrics,
-            "harness": results.get("results", {})}  # fmt: skip
+    return {
+        "run": str(run.dir),
+        "task": "lm-eval",
+        "split": "harness",
+        "step": step,
+        "metrics": metrics,
+        "harness": results.get("results", {}),
+    }

@@ -13,8 +13,9 @@ from ssmlm.progress import progress_bar
 SLACK_TOKENS = 8  # generated beyond the gold response's length, so a slightly longer answer is not cut off
 
 
-def evaluate_phonebook(generator, books: list[PhoneBook], max_new_tokens: int | None = None,
-                       progress: bool = True) -> dict:  # fmt: skip
+def evaluate_phonebook(
+    generator, books: list[PhoneBook], max_new_tokens: int | None = None, progress: bool = True
+) -> dict:
     """{"metrics": summarize(records), "records": [...]}: one record per book with its size, gold numbers, the
     generated text and its score. ``max_new_tokens`` (default: the gold response's token count + SLACK_TOKENS)."""
     from ssmlm.models.decode import Sampling
@@ -26,7 +27,14 @@ def evaluate_phonebook(generator, books: list[PhoneBook], max_new_tokens: int | 
         for i, book in enumerate(books):
             budget = max_new_tokens or len(tok.encode(book.response, add_special_tokens=False).ids) + SLACK_TOKENS
             text = generator(book.prompt, Sampling(max_new_tokens=budget), stop=("\n",))
-            records.append({"index": i, "entries": book.entries, **score_book(text, book.numbers),
-                            "numbers": book.numbers, "generated": text})  # fmt: skip
+            records.append(
+                {
+                    "index": i,
+                    "entries": book.entries,
+                    **score_book(text, book.numbers),
+                    "numbers": book.numbers,
+                    "generated": text,
+                }
+            )
             bar.advance(task)
     return {"metrics": summarize(records), "records": records}

@@ -49,8 +49,9 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         if not k.startswith("config_loss_"):  # Birdie's per-configuration losses: summarised below
             t.add_row(f"validation {k}", metric_text(k, v))
     if per_config:
-        t.add_row(f"validation loss per configuration ({len(per_config)})",
-                  f"{min(per_config):.3f} – {max(per_config):.3f}")  # fmt: skip
+        t.add_row(
+            f"validation loss per configuration ({len(per_config)})", f"{min(per_config):.3f} – {max(per_config):.3f}"
+        )
     if summary.get("seconds") is not None:
         t.add_row("seconds", str(summary["seconds"]))
     if summary.get("launches", 1) > 1:  # a run stopped and started again: its whole time
@@ -66,8 +67,10 @@ def print_best_validation(summary: dict) -> None:
     from ssmlm.evaluate.terminal import metric_text
 
     values = ", ".join(f"{k} {metric_text(k, v)}" for k, v in best.items() if k not in ("step", "split"))
-    typer.echo(f"final validation is in the table; best seen during training (step {best['step']}): "
-               f"{values} (optimistic: the official BiGS script reports this one)")  # fmt: skip
+    typer.echo(
+        f"final validation is in the table; best seen during training (step {best['step']}): "
+        f"{values} (optimistic: the official BiGS script reports this one)"
+    )
 
 
 def write_result(result: dict, path: Path | None, run) -> None:

@@ -35,8 +35,13 @@ def score_book(generated: str, book_numbers: list[str]) -> dict:
         for j, gold in enumerate(book_numbers)
         if j < len(got)
     )
-    return {"queries": len(book_numbers), "correct": correct, "all_correct": correct == len(book_numbers),
-            "digits": digits, "digits_correct": digits_correct}  # fmt: skip
+    return {
+        "queries": len(book_numbers),
+        "correct": correct,
+        "all_correct": correct == len(book_numbers),
+        "digits": digits,
+        "digits_correct": digits_correct,
+    }
 
 
 def entry_bin(entries: int) -> str:

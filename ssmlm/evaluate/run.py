@@ -76,14 +76,19 @@ def evaluate_run(
             validation_file=validation_file or base.validation_file,
             data_dir=data_dir or base.data_dir,
         )
-    return evaluate(run, task_cfg, split=split, batch_size=batch_size, submission=submission,
-                    predictions_file=predictions_file)  # fmt: skip
+    return evaluate(
+        run, task_cfg, split=split, batch_size=batch_size, submission=submission, predictions_file=predictions_file
+    )
 
 
 def evaluate(
-    run: Run, recipe_task=None, split: str = "validation", batch_size: int = 32, submission: Path | None = None,
+    run: Run,
+    recipe_task=None,
+    split: str = "validation",
+    batch_size: int = 32,
+    submission: Path | None = None,
     predictions_file: Path | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Metrics of a run's newest checkpoint: MLM on its held-out data, or its finetuning task.
 
     With ``submission``, the split's predictions are also written in the GLUE leaderboard format; with
@@ -92,8 +97,10 @@ def evaluate(
     check_task(run, recipe_task)
     if predictions_file is not None and (run.kind != "finetune" or run.info.get("head", "classify") == "span"):
         what = f"a {run.kind} run" if run.kind != "finetune" else f"finetuned on {run.info.get('task')} (spans)"
-        raise UserError(f"--predictions: {run.dir} is {what}; predictions are written for a classification or "
-                        "regression task's finetuned run")  # fmt: skip
+        raise UserError(
+            f"--predictions: {run.dir} is {what}; predictions are written for a classification or "
+            "regression task's finetuned run"
+        )
     with activity(f"loading {run.dir}"):
         model, meta = run.load_model()
     result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
@@ -112,8 +119,9 @@ def evaluate(
         head = HEADS[run.info.get("head", "classify")]
         result["task"] = prep.definition.name
         # one pass: the same outputs give the metrics and (with a submission) the predictions
-        outputs, batches = run_eval(head.eval, model, task_eval_data(prep.arrays[split], batch_size),
-                                    progress=f"evaluating {result['task']}")  # fmt: skip
+        outputs, batches = run_eval(
+            head.eval, model, task_eval_data(prep.arrays[split], batch_size), progress=f"evaluating {result['task']}"
+        )
         result["metrics"] = prep.scorers[split](outputs, batches) if outputs else {}
         preds = predictions(outputs, batches) if submission or predictions_file else None
         if predictions_file is not None:
@@ -147,14 +155,20 @@ def evaluate(
             data_dir = preprocess(data, meta["max_seq_length"])
             meta = read_metadata(data_dir)
         if run.recipe.objective.kind != "lm":
-            objective = objectives.build(run.recipe.objective, meta["special_ids"], meta["vocab_size"],
-                                         meta["max_seq_length"], run.recipe.data.seed)  # fmt: skip
+            objective = objectives.build(
+                run.recipe.objective,
+                meta["special_ids"],
+                meta["vocab_size"],
+                meta["max_seq_length"],
+                run.recipe.data.seed,
+            )
             ev = token_eval_data(data_dir, objective, batch_size, None)
             if ev is None:
                 raise UserError(f"{data_dir}: has no validation sequences to evaluate on")
             result["task"] = objective.name
-        result["metrics"] = run_eval(objective.eval, model, ev, objective.score,
-                                     progress=f"evaluating {result['task']}")  # fmt: skip
+        result["metrics"] = run_eval(
+            objective.eval, model, ev, objective.score, progress=f"evaluating {result['task']}"
+        )
     return result
 
 

@@ -79,9 +79,11 @@ def predictions(outputs: list[dict], batches: list) -> np.ndarray:
     return logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
 
 
-def predict(eval_fn: Callable, params_or_model, batches: Batches, *, graphdef=None, eval_step=None,
-            progress: str | None = None) -> np.ndarray:  # fmt: skip
+def predict(
+    eval_fn: Callable, params_or_model, batches: Batches, *, graphdef=None, eval_step=None, progress: str | None = None
+) -> np.ndarray:
     """``predictions`` of a classifier on ``batches`` (see ``run_eval`` for the arguments)."""
-    outputs, seen = run_eval(eval_fn, params_or_model, batches, graphdef=graphdef, eval_step=eval_step,
-                             progress=progress)  # fmt: skip
+    outputs, seen = run_eval(
+        eval_fn, params_or_model, batches, graphdef=graphdef, eval_step=eval_step, progress=progress
+    )
     return predictions(outputs, seen)

@@ -107,8 +107,11 @@ def result_tables(result: dict, title: str, console: Console | None = None) -> l
     main.add_column("value", overflow="fold")
     sections = []
     for key, value in result.items():
-        if isinstance(value, list) and value and all(isinstance(r, dict) and all(map(_scalar, r.values()))
-                                                     for r in value):  # fmt: skip
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(r, dict) and all(map(_scalar, r.values())) for r in value)
+        ):
             sections.append(_rows_table(str(key), value, console))
             continue
         for name, v in _flat(value, str(key)):

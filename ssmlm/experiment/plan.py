@@ -74,8 +74,9 @@ def build_plan(exp: Experiment, out: Path) -> Plan:
                     job = pre_by_recipe.get(pre.to_yaml())  # the seed is in the recipe (train.seed)
                     if job is None:
                         label = f"pretrain {arm} seed {seed}{_at(point, 'pretrain')}"
-                        job = Job(f"{arm}/seed{seed}/{name}", "pretrain", label, seed_dir / name, pre, arm=arm,
-                                  seed=seed)  # fmt: skip
+                        job = Job(
+                            f"{arm}/seed{seed}/{name}", "pretrain", label, seed_dir / name, pre, arm=arm, seed=seed
+                        )
                         pre_by_recipe[pre.to_yaml()] = job
                         _add(plan, job)
                     chain["pretrain"] = job.key
@@ -140,16 +141,38 @@ def _later(exp: Experiment, plan: Plan, arm: str, seed: int, pi: int) -> list[Jo
     if "evaluate" in exp.stages:
         ev = exp.arms[arm]["evaluate"]
         key = f"{target}/evaluate-{ev.split}"
-        out.append(Job(key, "evaluate", f"evaluate {arm} seed {seed} ({ev.task or ev.split})", run_dir,
-                       split=ev.split, batch_size=ev.batch_size, task=ev.task, limit=ev.limit, deps=(target,),
-                       arm=arm, seed=seed))  # fmt: skip
+        out.append(
+            Job(
+                key,
+                "evaluate",
+                f"evaluate {arm} seed {seed} ({ev.task or ev.split})",
+                run_dir,
+                split=ev.split,
+                batch_size=ev.batch_size,
+                task=ev.task,
+                limit=ev.limit,
+                deps=(target,),
+                arm=arm,
+                seed=seed,
+            )
+        )
         chain["evaluate"] = key
     if "analyze" in exp.stages:
         deps = tuple(k for k in (target, chain.get("evaluate")) if k)
         for name, opts in exp.arms[arm]["analyze"].analyses:
             key = f"{target}/analyze-{name}"
-            out.append(Job(key, "analyze", f"analyze {name} {arm} seed {seed}", run_dir, analysis=(name, opts),
-                           deps=deps, arm=arm, seed=seed))  # fmt: skip
+            out.append(
+                Job(
+                    key,
+                    "analyze",
+                    f"analyze {name} {arm} seed {seed}",
+                    run_dir,
+                    analysis=(name, opts),
+                    deps=deps,
+                    arm=arm,
+                    seed=seed,
+                )
+            )
             chain[f"analyze-{name}"] = key
     return out
 
@@ -174,7 +197,10 @@ def dry_run_lines(exp: Experiment, out: Path) -> list[str]:
     if exp.reference is None:
         ref = "none (one arm: no comparisons)"
     else:
-        ref = exp.reference if isinstance(exp.reference, str) else "per arm (" + ", ".join(
-            f"{a} vs {r}" for a, r in exp.reference.items()) + ")"  # fmt: skip
+        ref = (
+            exp.reference
+            if isinstance(exp.reference, str)
+            else "per arm (" + ", ".join(f"{a} vs {r}" for a, r in exp.reference.items()) + ")"
+        )
     lines.append(f"metric {exp.metric} ({exp.metric.goal}), reference {ref}")
     return lines

@@ -19,9 +19,26 @@ from ssmlm.experiment.stats import (
     paired_difference,
 )
 
-COLUMNS = ("arm", "status", "n", "mean", "ci_low", "ci_high", "ci_method", "ci_estimable", "ci_reason", "diff_n",
-           "diff_mean", "diff_low", "diff_high", "diff_method", "diff_estimable", "diff_reason", "selected",
-           "error")  # fmt: skip
+COLUMNS = (
+    "arm",
+    "status",
+    "n",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "ci_estimable",
+    "ci_reason",
+    "diff_n",
+    "diff_mean",
+    "diff_low",
+    "diff_high",
+    "diff_method",
+    "diff_estimable",
+    "diff_reason",
+    "selected",
+    "error",
+)
 
 
 def summarize(exp: Experiment, arms: dict[str, dict], seconds: float, warnings: list[dict] | None = None) -> dict:
@@ -38,17 +55,25 @@ def summarize(exp: Experiment, arms: dict[str, dict], seconds: float, warnings: 
             diff = d.to_dict() if d else None
         a["difference"] = diff
     return {
-        "experiment": str(exp.path), "name": exp.name, "description": exp.description,
-        "metric": str(exp.metric), "goal": exp.metric.goal,
+        "experiment": str(exp.path),
+        "name": exp.name,
+        "description": exp.description,
+        "metric": str(exp.metric),
+        "goal": exp.metric.goal,
         "bounds": list(exp.metric.bounds) if exp.metric.bounds else None,
-        "reference": exp.reference, "seeds": list(exp.seeds),
-        "stages": list(exp.stages), "grid": exp.grid, "level": LEVEL,
+        "reference": exp.reference,
+        "seeds": list(exp.seeds),
+        "stages": list(exp.stages),
+        "grid": exp.grid,
+        "level": LEVEL,
         "interval": f"Student t for n < {BOOTSTRAP_FROM} seeds, percentile bootstrap ({BOOTSTRAP_RESAMPLES:,} "
-                    f"resamples) from {BOOTSTRAP_FROM}; differences: paired by seed, Student t; not estimable "
-                    f"from fewer than {MIN_N} values or values with zero spread",
-        "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "arms": arms,
+        f"resamples) from {BOOTSTRAP_FROM}; differences: paired by seed, Student t; not estimable "
+        f"from fewer than {MIN_N} values or values with zero spread",
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "arms": arms,
         "warnings": list(warnings or []),
-    }  # fmt: skip
+    }
 
 
 def fmt(v) -> str:
@@ -106,16 +131,22 @@ def markdown(res: dict, warnings: bool = True) -> str:
     text += ["", f"95% CI: {res['interval']}."]
     if unsure:
         pairs = "; pairs of seeds for Δ" if compare else ""
-        text += [f"Not estimable: an interval from fewer than {MIN_N} values (seeds{pairs}), or "
-                 "from values that are all equal (zero spread), says nothing of how the next seed would differ; "
-                 "the mean stands, and results.json and .csv keep the interval with estimable: false."]  # fmt: skip
+        text += [
+            f"Not estimable: an interval from fewer than {MIN_N} values (seeds{pairs}), or "
+            "from values that are all equal (zero spread), says nothing of how the next seed would differ; "
+            "the mean stands, and results.json and .csv keep the interval with estimable: false."
+        ]
     if was_cut:
         lo, hi = bounds
-        text += [f"*: cut at the metric's bounds [{lo:g}, {hi:g}] (a difference's at ±{hi - lo:g}); "
-                 "results.json and .csv keep every interval as computed."]  # fmt: skip
+        text += [
+            f"*: cut at the metric's bounds [{lo:g}, {hi:g}] (a difference's at ±{hi - lo:g}); "
+            "results.json and .csv keep every interval as computed."
+        ]
     if grid:
-        text += ["Grid: the point with the best mean final validation metric was selected per arm; the numbers "
-                 "above are the separate test split's."]  # fmt: skip
+        text += [
+            "Grid: the point with the best mean final validation metric was selected per arm; the numbers "
+            "above are the separate test split's."
+        ]
     if warnings and res.get("warnings"):
         notes = [*notes, *([""] if notes else []), *warning_lines(res["warnings"])]
     return "\n".join(text + ([""] + notes if notes else [])) + "\n"
@@ -126,8 +157,10 @@ def warning_lines(warnings: list[dict]) -> list[str]:
     runs: dict[str, list[str]] = {}
     for w in warnings:
         runs.setdefault(w["warning"], []).append(w["run"])
-    return ["Warnings the runs gave (each run's summary.json keeps its own):",
-            *(f"- {', '.join(names)}: {text}" for text, names in runs.items())]  # fmt: skip
+    return [
+        "Warnings the runs gave (each run's summary.json keeps its own):",
+        *(f"- {', '.join(names)}: {text}" for text, names in runs.items()),
+    ]
 
 
 def grid_markdown(res: dict) -> str:
@@ -160,12 +193,26 @@ def seeds(n: int) -> str:
 
 def csv_row(name: str, a: dict) -> dict:
     iv, d = a["interval"] or {}, a["difference"] or {}
-    return {"arm": name, "status": a["status"], "n": iv.get("n"), "mean": iv.get("mean"), "ci_low": iv.get("low"),
-            "ci_high": iv.get("high"), "ci_method": iv.get("method"), "ci_estimable": iv.get("estimable"),
-            "ci_reason": iv.get("reason"), "diff_n": d.get("n"), "diff_mean": d.get("mean"),
-            "diff_low": d.get("low"), "diff_high": d.get("high"), "diff_method": d.get("method"),
-            "diff_estimable": d.get("estimable"), "diff_reason": d.get("reason"), "selected": a.get("selected"),
-            "error": a["error"]}  # fmt: skip
+    return {
+        "arm": name,
+        "status": a["status"],
+        "n": iv.get("n"),
+        "mean": iv.get("mean"),
+        "ci_low": iv.get("low"),
+        "ci_high": iv.get("high"),
+        "ci_method": iv.get("method"),
+        "ci_estimable": iv.get("estimable"),
+        "ci_reason": iv.get("reason"),
+        "diff_n": d.get("n"),
+        "diff_mean": d.get("mean"),
+        "diff_low": d.get("low"),
+        "diff_high": d.get("high"),
+        "diff_method": d.get("method"),
+        "diff_estimable": d.get("estimable"),
+        "diff_reason": d.get("reason"),
+        "selected": a.get("selected"),
+        "error": a["error"],
+    }
 
 
 def plot(res: dict, path: Path) -> Path:
@@ -196,15 +243,30 @@ def plot(res: dict, path: Path) -> Path:
         ax.scatter(vals, [y + 0.18] * len(vals), s=12, color="0.5", zorder=2, label=once("seeds"))
         iv = cut(iv, res.get("bounds"))
         if not iv.get("estimable", True):
-            ax.scatter([iv["mean"]], [y], s=30, facecolors="none", edgecolors="tab:blue", zorder=3,
-                       label=once("mean, no CI (not estimable)"))  # fmt: skip
-            ax.annotate(f"no CI: {iv['reason']}", (iv["mean"], y), xytext=(7, 0), textcoords="offset points",
-                        va="center", fontsize=7, color="tab:blue")  # fmt: skip
+            ax.scatter(
+                [iv["mean"]],
+                [y],
+                s=30,
+                facecolors="none",
+                edgecolors="tab:blue",
+                zorder=3,
+                label=once("mean, no CI (not estimable)"),
+            )
+            ax.annotate(
+                f"no CI: {iv['reason']}",
+                (iv["mean"], y),
+                xytext=(7, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+                color="tab:blue",
+            )
             continue
         was_cut |= bool(iv.get("cut"))
         err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
-        ax.errorbar([iv["mean"]], [y], xerr=err, fmt="o", capsize=4, color="tab:blue", zorder=3,
-                    label=once("mean, 95% CI"))  # fmt: skip
+        ax.errorbar(
+            [iv["mean"]], [y], xerr=err, fmt="o", capsize=4, color="tab:blue", zorder=3, label=once("mean, 95% CI")
+        )
     ref = res["arms"][res["reference"]] if isinstance(res["reference"], str) else {"interval": None}
     if ref["interval"]:
         ax.axvline(ref["interval"]["mean"], ls="--", color="0.6", lw=1, label=f"{res['reference']} (reference)")

@@ -144,8 +144,16 @@ class Runner:
         """The warnings the run recorded in its summary.json, each once, under its line (the run itself printed
         them only with --verbose, and not when it is reused); kept for results.md."""
         for text in dict.fromkeys(o.result.get("warnings") or []):
-            self.warnings.append({"arm": job.arm, "seed": job.seed, "stage": job.kind, "run": job.label,
-                                  "run_dir": str(job.run_dir), "warning": text})  # fmt: skip
+            self.warnings.append(
+                {
+                    "arm": job.arm,
+                    "seed": job.seed,
+                    "stage": job.kind,
+                    "run": job.label,
+                    "run_dir": str(job.run_dir),
+                    "warning": text,
+                }
+            )
             if not self.verbose or o.reused:
                 self.echo(f"  warning: {text}")
 
@@ -160,12 +168,13 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages else 0
     n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
     pretrain = plan.of_kind("pretrain")
-    total = Counter(pretrain=len(pretrain), finetune=len(plan.of_kind("finetune")), evaluate=n_eval,
-                    analyze=n_analyze)  # fmt: skip
+    total = Counter(pretrain=len(pretrain), finetune=len(plan.of_kind("finetune")), evaluate=n_eval, analyze=n_analyze)
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
     n_arms = f"{len(exp.arms)} arm{'s' if len(exp.arms) > 1 else ''}"
-    echo(f"experiment {exp.name}: {n_arms} × {len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}{grid}, "
-         f"{sum(total.values())} runs under {out}, seed by seed")  # fmt: skip
+    echo(
+        f"experiment {exp.name}: {n_arms} × {len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}{grid}, "
+        f"{sum(total.values())} runs under {out}, seed by seed"
+    )
     runner = Runner(out, total, jobs, verbose, echo, steps=sum(steps(j) for j in pretrain))
     runner.run(plan.jobs)
     chosen, grids = select(exp, plan, runner.done)
@@ -182,8 +191,9 @@ def metric_value(exp: Experiment, result: dict, stage: str | None = None) -> flo
     v = found.get(exp.metric.field)
     if not isinstance(v, int | float) or isinstance(v, bool):
         where = "evaluation" if stage == "evaluate" else f"{stage} run's final validation"
-        raise UserError(f"metric {exp.metric}: the {where} has no '{exp.metric.field}' "
-                        f"(has {', '.join(found) or 'no metrics'})")  # fmt: skip
+        raise UserError(
+            f"metric {exp.metric}: the {where} has no '{exp.metric.field}' (has {', '.join(found) or 'no metrics'})"
+        )
     return float(v)
 
 
@@ -235,8 +245,12 @@ def collect_arm(exp: Experiment, plan: Plan, runner: Runner, arm: str, pi: int, 
             values[seed] = metric_value(exp, runner.done[chain[exp.metric.stage]].result)
         except UserError as e:
             errors.append(f"seed {seed}: {e}")
-    out = {"status": "failed" if errors else "ok", "error": errors[0] if errors else None, "values": values,
-           "runs": runs}  # fmt: skip
+    out = {
+        "status": "failed" if errors else "ok",
+        "error": errors[0] if errors else None,
+        "values": values,
+        "runs": runs,
+    }
     if grid is not None:
         out["selected"] = point_label(exp.points()[pi])
         out["grid"] = grid

@@ -208,8 +208,9 @@ def _stages(v, fail) -> tuple[str, ...]:
         raise fail("stages", f"unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}")
     ok = [list(STAGES[i:j]) for i in (0, 1) for j in range(i + 1, len(STAGES) + 1)]
     if v not in ok:
-        raise fail("stages", f"{v!r}: expected consecutive stages in the order {' → '.join(STAGES)}, "
-                             "from pretrain or finetune")  # fmt: skip
+        raise fail(
+            "stages", f"{v!r}: expected consecutive stages in the order {' → '.join(STAGES)}, from pretrain or finetune"
+        )
     return tuple(v)
 
 
@@ -374,12 +375,17 @@ def _check_task(r, exp: Experiment, field: str, fail) -> None:
     if not exp.grid:
         return
     if exp.metric.stage != "evaluate" or "evaluate" not in exp.stages:
-        raise fail("grid", "the best point is selected on validation, so the reported metric must come from a "
-                           "separate test split: stages ending in evaluate, metric evaluate:FIELD")  # fmt: skip
+        raise fail(
+            "grid",
+            "the best point is selected on validation, so the reported metric must come from a "
+            "separate test split: stages ending in evaluate, metric evaluate:FIELD",
+        )
     arm = field.split(".")[1]
     split = exp.arms[arm]["evaluate"].split
     if split.startswith("validation"):
-        raise fail(f"arms.{arm}.evaluate.split", f"{split!r}: a grid is selected on validation; report it on a "
-                                                 "test split (split: test)")  # fmt: skip
+        raise fail(
+            f"arms.{arm}.evaluate.split",
+            f"{split!r}: a grid is selected on validation; report it on a test split (split: test)",
+        )
     if split == "test" and not (r.task.test_file or r.task.data_dir):
         raise fail(field, "a grid needs a test split to report on: set task.test_file=FILE (with labels)")

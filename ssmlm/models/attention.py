@@ -161,8 +161,12 @@ def _forward_block(q, k, v, seg, prefix, first, last, n):
         pv = jnp.einsum("hqk,khd->hqd", p.astype(v.dtype), v[b, j], preferred_element_type=jnp.float32)
         return j + 1, m_new, total * scale + p.sum(-1), acc * scale[..., None] + pv
 
-    init = (first[b, i], jnp.full((heads, block), MASK_VALUE, jnp.float32), jnp.zeros((heads, block), jnp.float32),
-            jnp.zeros((heads, block, d), jnp.float32))  # fmt: skip
+    init = (
+        first[b, i],
+        jnp.full((heads, block), MASK_VALUE, jnp.float32),
+        jnp.zeros((heads, block), jnp.float32),
+        jnp.zeros((heads, block, d), jnp.float32),
+    )
     _, m, total, acc = jax.lax.while_loop(lambda c: c[0] <= last[b, i], body, init)
     seen = total > 0  # False only for padding queries: output 0 (as the dense path's zeroed weights give)
     total = jnp.where(seen, total, 1.0)
@@ -259,7 +263,11 @@ def attend_cache(q, keys, values, last, block: int = DECODE_BLOCK):
         return j + 1, m_new, total * scale + p.sum(-1), acc * scale[..., None] + pv
 
     b = q.shape[0]
-    init = (jnp.int32(0), jnp.full((b, heads), MASK_VALUE, jnp.float32), jnp.zeros((b, heads), jnp.float32),
-            jnp.zeros((b, heads, d), jnp.float32))  # fmt: skip
+    init = (
+        jnp.int32(0),
+        jnp.full((b, heads), MASK_VALUE, jnp.float32),
+        jnp.zeros((b, heads), jnp.float32),
+        jnp.zeros((b, heads, d), jnp.float32),
+    )
     _, _, total, acc = jax.lax.while_loop(lambda c: c[0] * block <= jnp.max(last), body, init)
     return (acc / jnp.where(total > 0, total, 1.0)[..., None]).astype(values.dtype)

@@ -39,8 +39,13 @@ def cache_bytes_per_token(cfg: ModelConfig) -> int:
     return 2 * cfg.num_layers * cfg.hidden_size * DTYPE_BYTES.get(cfg.compute_dtype, 4)
 
 
-def check_new_tokens(cfg: ModelConfig, new_tokens: int, prompt_tokens: int = 0, free_bytes: int | None = None,
-                     option: str = "--max-tokens") -> None:  # fmt: skip
+def check_new_tokens(
+    cfg: ModelConfig,
+    new_tokens: int,
+    prompt_tokens: int = 0,
+    free_bytes: int | None = None,
+    option: str = "--max-tokens",
+) -> None:
     """A UserError, in one line, when ``new_tokens`` after a prompt of ``prompt_tokens`` exceeds either bound
     (``free_bytes``: the memory free now; None skips the memory bound)."""
     by_length = LENGTH_FACTOR * cfg.max_seq_length

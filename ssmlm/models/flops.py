@@ -75,8 +75,17 @@ def _plain_tracer_errors():
 
 
 # Dense bf16 peak per device (FLOP/s), for the model-FLOPs utilisation estimate (training's mfu).
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, "TPU v4": 275e12,
-              "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}  # fmt: skip
+PEAK_FLOPS = {
+    "H100": 989e12,
+    "H200": 989e12,
+    "A100": 312e12,
+    "TPU v3": 123e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+}
 
 
 def peak_flops_per_second(configured: float | None = None) -> float | None:

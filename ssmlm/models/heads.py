@@ -91,8 +91,9 @@ class SequenceClassifier(nnx.Module):
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None, intermediates=False):
         enc_rng, head_rng = jax.random.split(rng) if rng is not None else (None, None)
-        h, aux = _encode(self.encoder, input_ids, token_type_ids, attention_mask, enc_rng=enc_rng,
-                         intermediates=intermediates)  # fmt: skip
+        h, aux = _encode(
+            self.encoder, input_ids, token_type_ids, attention_mask, enc_rng=enc_rng, intermediates=intermediates
+        )
         pooled = dropout(self.pooler(h, attention_mask), self.rate, head_rng)
         logits = self.classifier(pooled).astype(jnp.float32)
         return (logits, aux) if intermediates else logits
@@ -106,8 +107,9 @@ class SpanExtractor(nnx.Module):
         self.qa_outputs = dense(cfg, cfg.hidden_size, 2, rngs, init=LECUN)
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *, rng=None, intermediates=False):
-        h, aux = _encode(self.encoder, input_ids, token_type_ids, attention_mask, enc_rng=rng,
-                         intermediates=intermediates)  # fmt: skip
+        h, aux = _encode(
+            self.encoder, input_ids, token_type_ids, attention_mask, enc_rng=rng, intermediates=intermediates
+        )
         logits = self.qa_outputs(h).astype(jnp.float32)
         logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)
         span = (logits[..., 0], logits[..., 1])
@@ -131,8 +133,14 @@ class MultipleChoice(nnx.Module):
         b, c, n = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(b * c, n)  # noqa: E731
         enc_rng, head_rng = jax.random.split(rng) if rng is not None else (None, None)
-        h, aux = _encode(self.encoder, flat(input_ids), flat(token_type_ids), flat(attention_mask),
-                         enc_rng=enc_rng, intermediates=intermediates)  # fmt: skip
+        h, aux = _encode(
+            self.encoder,
+            flat(input_ids),
+            flat(token_type_ids),
+            flat(attention_mask),
+            enc_rng=enc_rng,
+            intermediates=intermediates,
+        )
         pooled = dropout(self.pooler(h, flat(attention_mask)), self.rate, head_rng)
         logits = self.classifier(pooled).astype(jnp.float32).reshape(b, c)
         return (logits, aux) if intermediates else logits

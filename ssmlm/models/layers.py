@@ -64,8 +64,9 @@ class RMSNorm(nnx.Module):
     ``rngs``: flax's nnx.RMSNorm draws one (unused) params key; passing ``rngs`` draws it too, so a model whose
     norms were flax's initialises every later parameter of a given seed exactly as before."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, *, param_dtype=jnp.float32, dtype=None,
-                 rngs: nnx.Rngs | None = None):  # fmt: skip
+    def __init__(
+        self, dim: int, eps: float = 1e-6, *, param_dtype=jnp.float32, dtype=None, rngs: nnx.Rngs | None = None
+    ):
         if rngs is not None:
             rngs.params()
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
@@ -152,8 +153,16 @@ class Embeddings(nnx.Module):
 class MultiHeadAttention(nnx.Module):
     """softmax(QKᵀ/√d_head) V over all positions (bidirectional); padded keys get no weight (attention_weights)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, d_in: int | None = None, d_attn: int | None = None,
-                 d_out: int | None = None, num_heads: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        d_in: int | None = None,
+        d_attn: int | None = None,
+        d_out: int | None = None,
+        num_heads: int | None = None,
+    ):
         d_in = d_in or cfg.hidden_size
         self.d_attn = d_attn or cfg.hidden_size
         self.num_heads = num_heads or cfg.num_heads
@@ -254,8 +263,7 @@ class Encoder(nnx.Module):
     what the family's blocks expose (see their ``__call__``).
     """
 
-    def __init__(self, cfg: ModelConfig, layer_cls, *, rngs: nnx.Rngs, positions: bool = True,
-                 pre_norm: bool = True):  # fmt: skip
+    def __init__(self, cfg: ModelConfig, layer_cls, *, rngs: nnx.Rngs, positions: bool = True, pre_norm: bool = True):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg, rngs=rngs, positions=positions)
         blocks = [layer_cls(cfg, rngs=rngs) for _ in range(cfg.num_layers)]

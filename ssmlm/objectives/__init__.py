@@ -67,16 +67,35 @@ def build(cfg, special_ids: dict[str, int], vocab_size: int, seq_len: int, defau
     return objective_class(cfg.kind)(cfg, special_ids, vocab_size, seq_len, seed)
 
 
-def build_lm(cfg, reserved: dict[str, int], docs_train, docs_val, seq_len: int, default_seed: int, *,
-             batch_size: int, rows: tuple[int, int] | None = None):  # fmt: skip
+def build_lm(
+    cfg,
+    reserved: dict[str, int],
+    docs_train,
+    docs_val,
+    seq_len: int,
+    default_seed: int,
+    *,
+    batch_size: int,
+    rows: tuple[int, int] | None = None,
+):
     """The ``lm`` objective of a recipe's ``objective:`` section over document splits; a dynamic mixture also
     evaluates ``cfg.controller.validation_rows`` rows per configuration (what its controller learns from)."""
     from ssmlm.objectives.birdie.mixtures import DYNAMIC
 
     seed = cfg.seed if cfg.seed is not None else default_seed
     config_rows = cfg.controller.validation_rows if cfg.mixture in DYNAMIC else 0
-    return objective_class("lm")(cfg, reserved, docs_train, docs_val, seq_len, seed, batch_size=batch_size,
-                                 min_space=cfg.min_sample_space, rows=rows, config_rows=config_rows)  # fmt: skip
+    return objective_class("lm")(
+        cfg,
+        reserved,
+        docs_train,
+        docs_val,
+        seq_len,
+        seed,
+        batch_size=batch_size,
+        min_space=cfg.min_sample_space,
+        rows=rows,
+        config_rows=config_rows,
+    )
 
 
 def predictions_per_row(cfg, seq_len: int) -> int:
@@ -89,6 +108,14 @@ def predictions_per_row(cfg, seq_len: int) -> int:
 
 
 __all__ = [
-    "MLM", "OBJECTIVES", "Batch", "NextToken", "build", "build_lm", "make_batch", "max_predictions", "objective_class",
+    "MLM",
+    "OBJECTIVES",
+    "Batch",
+    "NextToken",
+    "build",
+    "build_lm",
+    "make_batch",
+    "max_predictions",
+    "objective_class",
     "predictions_per_row",
-]  # fmt: skip
+]

@@ -37,8 +37,9 @@ class Batch:
         return len(self.tokens)
 
 
-def make_batch(tokens, targets, loss_weights, *, segment_ids=None, positions=None, token_types=None,
-               target_positions=None) -> Batch:  # fmt: skip
+def make_batch(
+    tokens, targets, loss_weights, *, segment_ids=None, positions=None, token_types=None, target_positions=None
+) -> Batch:
     """Build a host batch and check that its arrays agree (one place, so a wrong shape fails here and not
     inside a compiled step). Missing ``segment_ids``: one sample per row (every non-pad token is segment
     1); missing ``positions``: 0, 1, 2, … along each row."""

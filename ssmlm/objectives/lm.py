@@ -41,10 +41,22 @@ class LMObjective:
 
     name = "lm"
 
-    def __init__(self, cfg, reserved: dict[str, int], docs_train, docs_val, seq_len: int, seed: int,
-                 mixture: str | None = None, paradigm: str | None = None, spacing: int | None = None,
-                 batch_size: int | None = None, min_space: int | None = None,
-                 rows: tuple[int, int] | None = None, config_rows: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        cfg,
+        reserved: dict[str, int],
+        docs_train,
+        docs_val,
+        seq_len: int,
+        seed: int,
+        mixture: str | None = None,
+        paradigm: str | None = None,
+        spacing: int | None = None,
+        batch_size: int | None = None,
+        min_space: int | None = None,
+        rows: tuple[int, int] | None = None,
+        config_rows: int = 0,
+    ):
         def pick(value, field, default):
             return value if value is not None else getattr(cfg, field, None) or default
 
@@ -84,8 +96,9 @@ class LMObjective:
 
     # -- rows and batches
     def _rows(self, docs, keys, probs) -> dict:
-        return make_batch_rows(docs, self.configs, probs, self.seq_len, keys, self.ids, self.paradigm,
-                               self.spacing, self.min_space)  # fmt: skip
+        return make_batch_rows(
+            docs, self.configs, probs, self.seq_len, keys, self.ids, self.paradigm, self.spacing, self.min_space
+        )
 
     def train_rows(self, step: int, state=None) -> dict:
         """The step's rows as ``make_batch_rows`` arrays (with ``config``/``sample_configs``). ``state``: an
@@ -160,8 +173,12 @@ class LMObjective:
         mix = layout == -1 if layout is not None else np.ones(len(cat["nll"]), bool)
         count = cat["count"][mix].sum()
         loss = cat["nll"][mix].sum() / max(count, 1.0)
-        out = {"lm_loss": loss, "lm_accuracy": cat["correct"][mix].sum() / max(count, 1.0),
-               "perplexity": float(np.exp(min(loss, 50))), "target_tokens": count}  # fmt: skip
+        out = {
+            "lm_loss": loss,
+            "lm_accuracy": cat["correct"][mix].sum() / max(count, 1.0),
+            "perplexity": float(np.exp(min(loss, 50))),
+            "target_tokens": count,
+        }
         if layout is not None and (layout >= 0).any():
             for c in range(len(self.configs)):
                 rows = layout == c
@@ -170,10 +187,17 @@ class LMObjective:
 
 
 def _logits(model, batch: Batch, rng):
-    return model(batch.tokens, segment_ids=batch.segment_ids, token_types=batch.token_types,
-                 positions=batch.positions, rng=rng)  # fmt: skip
+    return model(
+        batch.tokens, segment_ids=batch.segment_ids, token_types=batch.token_types, positions=batch.positions, rng=rng
+    )
 
 
 def to_batch(rows: dict) -> Batch:
-    return make_batch(rows["tokens"], rows["targets"], rows["loss_weights"], segment_ids=rows["segment_ids"],
-                      positions=rows["positions"], token_types=rows["token_types"])  # fmt: skip
+    return make_batch(
+        rows["tokens"],
+        rows["targets"],
+        rows["loss_weights"],
+        segment_ids=rows["segment_ids"],
+        positions=rows["positions"],
+        token_types=rows["token_types"],
+    )

@@ -171,11 +171,20 @@ class MLM:
         return self._masked(rows["tokens"], row_keys(self.seed, _VALIDATION, rows["row"]))
 
     def _masked(self, tokens: np.ndarray, keys: np.ndarray) -> Batch:
-        m = mask_batch(tokens, self.specials, self.vocab_size, self.ids["mask"], self.cfg.masked_lm_prob,
-                       self.predictions, RowRandom(keys), self.random_ids)  # fmt: skip
+        m = mask_batch(
+            tokens,
+            self.specials,
+            self.vocab_size,
+            self.ids["mask"],
+            self.cfg.masked_lm_prob,
+            self.predictions,
+            RowRandom(keys),
+            self.random_ids,
+        )
         positions = m["masked_lm_positions"]
-        return make_batch(m["input_ids"], m["masked_lm_ids"], positions > 0, target_positions=positions,
-                          segment_ids=(tokens != 0))  # fmt: skip
+        return make_batch(
+            m["input_ids"], m["masked_lm_ids"], positions > 0, target_positions=positions, segment_ids=(tokens != 0)
+        )
 
     # -- loss and evaluation
     loss = staticmethod(token_prediction_loss)

@@ -85,8 +85,18 @@ class PromptResponseObjective:
 
     name = "prompts"
 
-    def __init__(self, pairs_train, pairs_val, tokenizer, seq_len: int, batch_size: int, seed: int,
-                 paradigm: str = "start", rows: tuple[int, int] | None = None, truncate: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        pairs_train,
+        pairs_val,
+        tokenizer,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        paradigm: str = "start",
+        rows: tuple[int, int] | None = None,
+        truncate: bool = False,
+    ):
         if paradigm not in PARADIGM_CHOICES:
             raise UserError(
                 f"objective.paradigm = {paradigm!r}: prompt/response finetuning takes one of {PARADIGM_CHOICES}"

@@ -34,8 +34,9 @@ def task_batch(rows: dict[str, np.ndarray]) -> Batch:
     else:
         targets = rows["labels"]
     weights = rows.get("example_weight", np.ones(len(targets), np.float32))
-    return make_batch(rows["input_ids"], targets, weights, segment_ids=rows["attention_mask"],
-                      token_types=rows["token_type_ids"])  # fmt: skip
+    return make_batch(
+        rows["input_ids"], targets, weights, segment_ids=rows["attention_mask"], token_types=rows["token_type_ids"]
+    )
 
 
 def classification_loss(model, batch: Batch, rng):
@@ -146,8 +147,9 @@ def _quality_examples(cfg: TaskConfig, split: str) -> list[dict]:
     return [parse_quality(r) for r in rows]
 
 
-def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128, seed: int = 0,
-            label_names: list | None = None) -> Prepared:  # fmt: skip
+def prepare(
+    cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128, seed: int = 0, label_names: list | None = None
+) -> Prepared:
     """A task's arrays and scorers. ``seed`` (the run's) and ``label_names`` (a finetuned run's label map): see
     `load_task`."""
     base = TASKS.get(cfg.name) if cfg.name else None  # an unknown name: a local task's, or refused by load_task
@@ -174,5 +176,6 @@ def prepare(cfg: TaskConfig, tokenizer, max_len: int, doc_stride: int = 128, see
         raise DataError(f"task {data.definition.name}: no training split")
     arrays = {split: encode(data, split, tokenizer, max_len, cfg.padding) for split in data.splits}
     score = classification_scorer(data.definition.metrics)
-    return Prepared(replace(data.definition, head="classify"), arrays, {s: score for s in arrays}, data.label_names,
-                    data.notes)  # fmt: skip
+    return Prepared(
+        replace(data.definition, head="classify"), arrays, {s: score for s in arrays}, data.label_names, data.notes
+    )

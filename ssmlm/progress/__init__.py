@@ -25,5 +25,18 @@ from ssmlm.progress.console import LOG_EVERY_S, PLAIN_AFTER_S, SLOW_START_S, con
 from ssmlm.progress.spinner import Spin, activity
 
 # what the rest of ssmlm imports from here; each module's other names are its own
-__all__ = ["LOG_EVERY_S", "PLAIN_AFTER_S", "SLOW_START_S", "Clock", "FittedProgress", "Spin", "activity",
-           "clock_time", "console", "phase", "progress_bar", "rate_text", "stderr_console"]  # fmt: skip
+__all__ = [
+    "LOG_EVERY_S",
+    "PLAIN_AFTER_S",
+    "SLOW_START_S",
+    "Clock",
+    "FittedProgress",
+    "Spin",
+    "activity",
+    "clock_time",
+    "console",
+    "phase",
+    "progress_bar",
+    "rate_text",
+    "stderr_console",
+]

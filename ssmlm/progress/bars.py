@@ -91,8 +91,16 @@ class FittedProgress(Progress):
     """A Progress whose row holds only the columns that fit the console whole (see the module doc), with a Clock
     per task and, where disabled for want of a terminal, plain lines (``log_every``)."""
 
-    def __init__(self, columns: list[ProgressColumn], clocks: dict[TaskID, Clock], bar: BarColumn | None,
-                 bar_keep: int, skip: int, log_every: float | None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        columns: list[ProgressColumn],
+        clocks: dict[TaskID, Clock],
+        bar: BarColumn | None,
+        bar_keep: int,
+        skip: int,
+        log_every: float | None,
+        **kwargs,
+    ):
         self.clocks, self.bar, self.bar_keep, self.skip, self.log_every = clocks, bar, bar_keep, skip, log_every
         super().__init__(*columns, **kwargs)  # renders once: the attributes above first
         self.printed: dict[TaskID, float] = {}  # task -> when its last plain line was printed
@@ -142,8 +150,15 @@ class FittedProgress(Progress):
         _display_ended(self)
 
     # -- clocks and plain lines ---------------------------------------------------------------------------
-    def add_task(self, description: str, start: bool = True, total: float | None = 100.0, completed: int = 0,
-                 visible: bool = True, **fields) -> TaskID:  # fmt: skip
+    def add_task(
+        self,
+        description: str,
+        start: bool = True,
+        total: float | None = 100.0,
+        completed: int = 0,
+        visible: bool = True,
+        **fields,
+    ) -> TaskID:
         task_id = super().add_task(description, start, total, completed, visible, **fields)
         self.clocks[task_id] = Clock(self.get_time(), completed, self.skip)
         return task_id
@@ -215,9 +230,18 @@ def progress_bar(
     ]
     terminal = console.is_terminal
     bar_keep = 62  # the bar is left out before the first two fields, after the others
-    return FittedProgress(columns, clocks, bar, bar_keep, skip, None if quiet or terminal else log_every,
-                          console=console, disable=quiet or not terminal, refresh_per_second=4,
-                          get_time=get_time)  # fmt: skip
+    return FittedProgress(
+        columns,
+        clocks,
+        bar,
+        bar_keep,
+        skip,
+        None if quiet or terminal else log_every,
+        console=console,
+        disable=quiet or not terminal,
+        refresh_per_second=4,
+        get_time=get_time,
+    )
 
 
 @contextmanager

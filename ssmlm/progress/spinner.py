@@ -85,8 +85,13 @@ class Spin:
         self._label, self.enabled, self.ended, self.start = label, enabled, False, time.monotonic()
         self.console, self.timer, self.printed = console, None, False
         text = _Ticking(lambda: Text(f"{self.label} {clock_time(time.monotonic() - self.start)}"))
-        self.live = Live(RichSpinner("dots", text=text, style="status.spinner"), console=console, transient=True,
-                         refresh_per_second=12.5, redirect_stdout=sys.stdout.isatty() and not background)  # fmt: skip
+        self.live = Live(
+            RichSpinner("dots", text=text, style="status.spinner"),
+            console=console,
+            transient=True,
+            refresh_per_second=12.5,
+            redirect_stdout=sys.stdout.isatty() and not background,
+        )
 
     @property
     def label(self) -> str:

@@ -46,8 +46,11 @@ UNFINISHED = ".orbax-checkpoint-tmp"  # the suffix of the folder Orbax writes a 
 
 
 def _removed_unfinished(step: str) -> None:
-    print(f"resume: removed the unfinished checkpoint at step {step} (interrupted while saving)",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"resume: removed the unfinished checkpoint at step {step} (interrupted while saving)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class _UnfinishedSaves(logging.Filter):
@@ -106,8 +109,11 @@ def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], obj
         for bad, why in failed:
             moved = on_broken(bad) if on_broken else None
             where = f"; moved to {moved}" if moved else ""
-            print(f"warning: checkpoint {bad} in {run_dir} is unreadable ({why}){where}; using step {step}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"warning: checkpoint {bad} in {run_dir} is unreadable ({why}){where}; using step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
         return step, result
     if not failed:
         raise CheckpointError(f"{run_dir}: holds no complete checkpoint")
@@ -153,10 +159,12 @@ class Checkpoints:
             shutil.rmtree(path, ignore_errors=True)
             _removed_unfinished(path.name.split(".")[0])
 
-    def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None,
-             controller=None) -> None:  # fmt: skip
-        items = dict(params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-                     meta=ocp.args.JsonSave(meta))  # fmt: skip
+    def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None, controller=None) -> None:
+        items = dict(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta),
+        )
         if controller is not None:
             items["controller"] = ocp.args.StandardSave(controller)
         args = ocp.args.Composite(**items)
@@ -170,8 +178,11 @@ class Checkpoints:
         """(params, opt_state, meta, controller state or None)."""
         check_shapes(self.dir / str(step), "params", abstract_params)
         check_shapes(self.dir / str(step), "opt_state", abstract_opt_state)
-        items = dict(params=ocp.args.StandardRestore(abstract_params),
-                     opt_state=ocp.args.StandardRestore(abstract_opt_state), meta=ocp.args.JsonRestore())  # fmt: skip
+        items = dict(
+            params=ocp.args.StandardRestore(abstract_params),
+            opt_state=ocp.args.StandardRestore(abstract_opt_state),
+            meta=ocp.args.JsonRestore(),
+        )
         if abstract_controller is not None:
             items["controller"] = ocp.args.StandardRestore(abstract_controller)
         r = self.mgr.restore(step, args=ocp.args.Composite(**items))

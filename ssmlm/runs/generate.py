@@ -44,8 +44,13 @@ class Generator:
         lead = [] if self.run.recipe.objective.paradigm == "none" else [self.tokenizer.token_to_id(PARADIGMS[cls])]
         return ([*lead, *ids], [start]) if self.mode == "prefix" else (lead, [start, *ids])
 
-    def __call__(self, prompt: str, sampling: Sampling = Sampling(), stop: Sequence[str] = (),
-                 on_text: Callable[[str], None] | None = None) -> str:  # fmt: skip
+    def __call__(
+        self,
+        prompt: str,
+        sampling: Sampling = Sampling(),
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+    ) -> str:
         """The text generated after ``prompt``, cut before the first ``stop`` string (and END). ``on_text``, when
         given, receives the text as it comes, one call per generated token (a piece may be empty while its
         characters are incomplete or could begin a stop string); the pieces join to the returned text."""
@@ -100,8 +105,9 @@ class TextStream:
 
     def _held(self, text: str) -> int:
         """Length of the longest tail of ``text`` that begins a stop string (it may yet be cut)."""
-        return max((n for s in self.stop for n in range(min(len(s), len(text)), 0, -1) if s.startswith(text[-n:])),
-                   default=0)  # fmt: skip
+        return max(
+            (n for s in self.stop for n in range(min(len(s), len(text)), 0, -1) if s.startswith(text[-n:])), default=0
+        )
 
     def _first_stop(self, text: str) -> int:
         """Where the first stop string in the text not yet shown begins (its length when none does)."""
@@ -134,8 +140,9 @@ def free_memory() -> int | None:
         return None
 
 
-def load_generator(run_dir: str | Path, mode: str = "auto", step: int | None = None,
-                   max_new_tokens: int | None = None) -> Generator:  # fmt: skip
+def load_generator(
+    run_dir: str | Path, mode: str = "auto", step: int | None = None, max_new_tokens: int | None = None
+) -> Generator:
     """The run's model (checkpoint ``step``, default the newest), ready to generate. ``max_new_tokens``, when
     given, is checked against what the model and memory allow before the model is loaded (a UserError)."""
     run = open_run(run_dir)

@@ -135,8 +135,13 @@ def _task_fields(task: str | None, num_labels: int, config: dict, max_len: int):
     label_names = names if names and all(names) and not all(re.fullmatch(r"LABEL_\d+", n) for n in names) else None
     if td is not None:
         metrics = list(td.metrics)
-        tcfg = TaskConfig(name=td.name, text_fields=list(td.text_fields), label_field=td.label_field,
-                          num_labels=num_labels, max_seq_length=max_len)  # fmt: skip
+        tcfg = TaskConfig(
+            name=td.name,
+            text_fields=list(td.text_fields),
+            label_field=td.label_field,
+            num_labels=num_labels,
+            max_seq_length=max_len,
+        )
     else:
         metrics = ["pearson", "spearman"] if num_labels == 1 else ["accuracy"]
         tcfg = TaskConfig(num_labels=num_labels, max_seq_length=max_len)
@@ -216,8 +221,15 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
         # checkpoints carry none), so a one-scalar placeholder stands in for it.
         import jax.numpy as jnp
 
-        meta = {"step": 0, "data_position": 0, "total_steps": 0, "kind": info["kind"], "imported": True,
-                **src_info, "metrics": {}}  # fmt: skip
+        meta = {
+            "step": 0,
+            "data_position": 0,
+            "total_steps": 0,
+            "kind": info["kind"],
+            "imported": True,
+            **src_info,
+            "metrics": {},
+        }
         ckpt.save(0, params, {"imported": jnp.zeros((), jnp.int32)}, meta)
         ckpt.close()
         if out.exists():

@@ -106,9 +106,14 @@ def parts_for(kind: str, arch: str):
 
 
 def drive(
-    kind: str, recipe: Recipe, run_dir: Path, quiet: bool = False, stop_after: int | None = None,
-    hooks: list | None = None, init: str = "pretrained",
-) -> dict[str, Any]:  # fmt: skip
+    kind: str,
+    recipe: Recipe,
+    run_dir: Path,
+    quiet: bool = False,
+    stop_after: int | None = None,
+    hooks: list | None = None,
+    init: str = "pretrained",
+) -> dict[str, Any]:
     """Run ``kind`` (pretrain | extend-length | finetune) of ``recipe`` in ``run_dir``, resuming from its newest
     checkpoint; ``stop_after`` ends this invocation after that many more steps, with a checkpoint; ``init``
     'random' (finetune): the source's architecture at a fresh initialisation (seed train.seed)."""

@@ -116,8 +116,14 @@ class MetricsLogger(Hook):
         fill = real / max(self.ctx.stage.tokens_per_step * self.steps, 1)
         self._open_window(now)
         lr = float(self.ctx.optimizer.schedule(state.step - 1))
-        rec = {"step": state.step, "lr": lr, "tokens_per_s": round(tps, 1), "fill": round(fill, 4),
-               "time": round(now, 3), **state.last}  # fmt: skip
+        rec = {
+            "step": state.step,
+            "lr": lr,
+            "tokens_per_s": round(tps, 1),
+            "fill": round(fill, 4),
+            "time": round(now, 3),
+            **state.last,
+        }
         if skipped:
             rec["skipped"] = skipped
         mfu = tps * self.flops / self.peak if self.peak else None
@@ -180,8 +186,14 @@ class Progress(Hook):
             self.bar.update(self.task, **done)
             return
         loss, tps, mfu = state.last["loss"], line.tokens_per_s, line.mfu
-        self.bar.update(self.task, **done, loss=f"{loss:.4f}", lr=f"{line.lr:.2e}",
-                        mfu=f"{mfu:.1%}" if mfu else "-", **{"tok/s": f"{tps:,.0f}"})  # fmt: skip
+        self.bar.update(
+            self.task,
+            **done,
+            loss=f"{loss:.4f}",
+            lr=f"{line.lr:.2e}",
+            mfu=f"{mfu:.1%}" if mfu else "-",
+            **{"tok/s": f"{tps:,.0f}"},
+        )
 
     def at_interrupt(self, state: TrainState) -> None:  # the steps before the stop: the checkpoint waits for them
         self.pending.clear()
@@ -210,9 +222,14 @@ class Evaluation(Hook):
     next says so and the resumed run evaluates this step first. ``phase`` (Progress.phase) says which of the two
     is running."""
 
-    def __init__(self, ctx: RunContext, evaluate: Callable[[Any], dict[str, float]], lag: int,
-                 run: Callable[[Callable], Any] = lambda work: work(),
-                 phase: Callable[[str], AbstractContextManager] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        ctx: RunContext,
+        evaluate: Callable[[Any], dict[str, float]],
+        lag: int,
+        run: Callable[[Callable], Any] = lambda work: work(),
+        phase: Callable[[str], AbstractContextManager] | None = None,
+    ):
         self.ctx, self.evaluate_params, self.lag, self.run = ctx, evaluate, lag, run
         self.phase = phase or (lambda label: nullcontext(_Unnamed()))
 

@@ -61,8 +61,12 @@ class Launches:
         self.path, self.enabled = path, enabled
         self.past = self._read() if enabled else []
         self.t0, self.ended = time.time(), False
-        self.this = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "start_step": start_step, "step": start_step,
-                     "seconds": 0.0}  # fmt: skip
+        self.this = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "start_step": start_step,
+            "step": start_step,
+            "seconds": 0.0,
+        }
         self.save()
 
     def _read(self) -> list[dict]:

@@ -81,8 +81,9 @@ class Stage:
     predictions_per_row: int | None = None  # scored positions per row, for the FLOPs estimate
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None,
-                    grad_accum: int = 1):  # fmt: skip
+def make_train_step(
+    loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None, grad_accum: int = 1
+):
     """The jitted update: (params, opt_state, batch, step) -> (params, opt_state, metrics).
 
     Dropout keys are fold_in(seed, step), so a step's randomness does not depend on how it was reached.
@@ -129,15 +130,20 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, graphde
         # One cond rather than a where per leaf: XLA copied the `ok` test into every leaf's fusion, which made the
         # step compile 1.5-2x longer (benchmarks/compile.py, BiGS d 256) at no gain in step time.
         new_params, new_opt = jax.lax.cond(ok, update, lambda _: (params, opt_state), None)
-        metrics = {"loss": jnp.where(ok, loss, 0.0), "grad_norm": jnp.where(ok, gnorm, 0.0),
-                   "skipped": 1.0 - ok.astype(jnp.float32), **aux}  # fmt: skip
+        metrics = {
+            "loss": jnp.where(ok, loss, 0.0),
+            "grad_norm": jnp.where(ok, gnorm, 0.0),
+            "skipped": 1.0 - ok.astype(jnp.float32),
+            **aux,
+        }
         return new_params, new_opt, metrics
 
     if shardings is None:  # parameters and optimizer state are replaced every step: reuse their buffers
         return jax.jit(train_step, donate_argnums=(0, 1))
     p_sh, o_sh, b_sh = shardings
-    return jax.jit(train_step, in_shardings=(p_sh, o_sh, b_sh, None), out_shardings=(p_sh, o_sh, None),
-                   donate_argnums=(0, 1))  # fmt: skip
+    return jax.jit(
+        train_step, in_shardings=(p_sh, o_sh, b_sh, None), out_shardings=(p_sh, o_sh, None), donate_argnums=(0, 1)
+    )
 
 
 @dataclass
@@ -206,8 +212,9 @@ def run(
     trackers = _trackers(ctx, state)
     try:
         with progress_bar(quiet or not ctx.lead, "loss", "lr", "tok/s", "mfu") as bar, CtrlC() as ctrl_c:
-            task = bar.add_task(stage.kind, total=ctx.total, completed=state.start, loss="-", lr="-", mfu="-",
-                                **{"tok/s": "-"})  # fmt: skip
+            task = bar.add_task(
+                stage.kind, total=ctx.total, completed=state.start, loss="-", lr="-", mfu="-", **{"tok/s": "-"}
+            )
             defaults = _default_hooks(ctx, bar, task, ctrl_c)
             _train(ctx, state, defaults, launch, ctrl_c)
             if ctrl_c.requested and state.step < ctx.total:

@@ -158,8 +158,14 @@ def rule_table(caught: Sequence[RuleCount]):
     from rich.table import Table
 
     t = Table(title="parameter rules (first match wins)", title_justify="left")
-    for col, just in (("rule", "left"), ("pattern", "left"), ("lr x", "right"), ("decay", "left"),
-                      ("tensors", "right"), ("parameters", "right")):  # fmt: skip
+    for col, just in (
+        ("rule", "left"),
+        ("pattern", "left"),
+        ("lr x", "right"),
+        ("decay", "left"),
+        ("tensors", "right"),
+        ("parameters", "right"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for c in caught:
         lr = "frozen" if c.lr_multiplier == 0 else f"{c.lr_multiplier:g}"

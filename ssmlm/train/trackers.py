@@ -49,8 +49,10 @@ def open_trackers(names: list[str], run_dir: Path, restored: int | None, rows: l
     """The trackers of ``names`` for a run that continues from step ``restored`` (None: starts afresh), whose
     metrics.jsonl (already cut back to that step) holds ``rows``; ``config``: the recipe, for W&B."""
     check_available(names)
-    make = {"tensorboard": lambda: TensorBoard(run_dir, restored, rows),
-            "wandb": lambda: WandB(run_dir, restored, config)}  # fmt: skip
+    make = {
+        "tensorboard": lambda: TensorBoard(run_dir, restored, rows),
+        "wandb": lambda: WandB(run_dir, restored, config),
+    }
     return [make[name]() for name in names]
 
 
@@ -69,8 +71,12 @@ class TensorBoard:
         # flush_secs: someone watching in TensorBoard sees new points within seconds, not tensorboardX's 2 minutes.
         # TensorBoard reads a folder's event files in name order and the names hold the second they were made:
         # the suffix keeps two starts within one second in order.
-        self.writer = SummaryWriter(str(logdir), purge_step=None if restored is None else restored + 1,
-                                    flush_secs=10, filename_suffix=f".{time.time_ns()}")  # fmt: skip
+        self.writer = SummaryWriter(
+            str(logdir),
+            purge_step=None if restored is None else restored + 1,
+            flush_secs=10,
+            filename_suffix=f".{time.time_ns()}",
+        )
         if backfill:
             for row in rows:
                 self.on_record(row)
@@ -112,12 +118,20 @@ class WandB:
             id_file.write_text(f"{run_dir.name}-{uuid.uuid4().hex[:8]}")
         try:
             project = os.environ.get("WANDB_PROJECT", "ssmlm")
-            self.run = wandb.init(project=project, name=run_dir.name, id=id_file.read_text().strip(),
-                                  resume="allow", dir=str(run_dir), config=config)  # fmt: skip
+            self.run = wandb.init(
+                project=project,
+                name=run_dir.name,
+                id=id_file.read_text().strip(),
+                resume="allow",
+                dir=str(run_dir),
+                config=config,
+            )
         except Exception as e:  # no API key, no network, a bad project: one line, not wandb's traceback
             first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-            raise UserError(f"train.trackers: wandb could not start ({first}); run `wandb login`, or set "
-                            "WANDB_MODE=offline to log to RUN/wandb only") from None  # fmt: skip
+            raise UserError(
+                f"train.trackers: wandb could not start ({first}); run `wandb login`, or set "
+                "WANDB_MODE=offline to log to RUN/wandb only"
+            ) from None
         # W&B steps only go forward: a resumed W&B run has logged the steps before this one already (the same
         # values: the loop's resume is exact)
         self.first = int(getattr(self.run, "starting_step", 0) or 0)

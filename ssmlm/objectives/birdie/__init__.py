@@ -12,5 +12,17 @@ from ssmlm.objectives.birdie.mixtures import MIXTURES, Config, birdie_grid, init
 from ssmlm.objectives.birdie.packing import pack
 from ssmlm.objectives.birdie.pipeline import make_batch_rows, make_row
 
-__all__ = ["Config", "Ids", "MIXTURES", "OBJECTIVES", "Sample", "birdie_grid", "initial_action", "make_batch_rows",
-           "make_row", "mixture", "pack", "sample"]  # fmt: skip
+__all__ = [
+    "Config",
+    "Ids",
+    "MIXTURES",
+    "OBJECTIVES",
+    "Sample",
+    "birdie_grid",
+    "initial_action",
+    "make_batch_rows",
+    "make_row",
+    "mixture",
+    "pack",
+    "sample",
+]

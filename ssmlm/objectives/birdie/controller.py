@@ -82,8 +82,17 @@ def control_from(scale: float = 1.0) -> int:
     return _scaled(PAPER_CONTROL_FROM, scale)
 
 
-def explore_probability(step: float, n_steps: float, *, decay: float = 0.5, warmup: float = 0.1, cook: float = 0.05,
-                        p_min: float = 0.2, p_max: float = 0.5, cook_prob: float = 1.0) -> float:  # fmt: skip
+def explore_probability(
+    step: float,
+    n_steps: float,
+    *,
+    decay: float = 0.5,
+    warmup: float = 0.1,
+    cook: float = 0.05,
+    p_min: float = 0.2,
+    p_max: float = 0.5,
+    cook_prob: float = 1.0,
+) -> float:
     """p_explore at training step ``step`` (the official v2 code's semantics and defaults; decay, warmup and cook are
     fractions of ``n_steps``): ``cook_prob`` before the cook period ends, ``p_max`` until warmup, then a cosine from
     p_max down to p_min reached at decay·N − 1, p_min afterwards."""
@@ -189,8 +198,9 @@ def top_mean(proposals, scores, top_n: int = 8) -> np.ndarray:
     return a / a.sum()
 
 
-def choose_action(model: RewardModel, history, losses, proposals, classes: Sequence[str], top_n: int = 8,
-                  length=None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def choose_action(
+    model: RewardModel, history, losses, proposals, classes: Sequence[str], top_n: int = 8, length=None
+) -> tuple[np.ndarray, np.ndarray]:
     """(action, per-proposal scores): each proposal p is scored by the model's output at the last position of
     history ‖ [ℓ ‖ p] (``RewardModel.score_last``; ``length``: rows of a padded history that count), weighted by
     1/|class(i)| and summed; the action is the renormalised mean of the ``top_n`` best proposals."""
@@ -222,8 +232,9 @@ class BirdieController:
 
     update_label = "controller update (reward model)"  # what the training bar says while ``update`` runs
 
-    def __init__(self, configs: list[Config], total_steps: int, seed: int,
-                 cfg: ControllerSettings = ControllerSettings()):  # fmt: skip
+    def __init__(
+        self, configs: list[Config], total_steps: int, seed: int, cfg: ControllerSettings = ControllerSettings()
+    ):
         check_controller(cfg)
         if not configs:
             raise UserError("Birdie controller: expected at least one objective configuration")
@@ -312,21 +323,31 @@ class BirdieController:
         x, y, t = self._append(state, row, r)
         grok_seed = np.asarray(keyed_rng(self.seed, evals, _GROK).integers(2**31), np.uint32)
         b = self.bucket(t)
-        params, opt = self._grok(list(state["params"]), list(state["opt"]), x[:b], y[:b], np.asarray(t, np.int32),
-                                 grok_seed)  # fmt: skip
+        params, opt = self._grok(
+            list(state["params"]), list(state["opt"]), x[:b], y[:b], np.asarray(t, np.int32), grok_seed
+        )
         new.update(
-            x=x, y=y, t=np.asarray(t, np.int32), last_reward=r,
-            params=[np.asarray(p) for p in params], opt=[np.asarray(o) for o in opt],
-        )  # fmt: skip
+            x=x,
+            y=y,
+            t=np.asarray(t, np.int32),
+            last_reward=r,
+            params=[np.asarray(p) for p in params],
+            opt=[np.asarray(o) for o in opt],
+        )
         if step < self.control_from:
             new["action"] = self.start.astype(np.float32)
             return new
         cfg = self.cfg
         n_steps = cfg.explore_steps or self.total_steps
         p_explore = explore_probability(
-            step, n_steps, decay=cfg.explore_decay, warmup=cfg.explore_warmup, cook=cfg.explore_cook,
-            p_min=cfg.explore_min, p_max=cfg.explore_max,
-        )  # fmt: skip
+            step,
+            n_steps,
+            decay=cfg.explore_decay,
+            warmup=cfg.explore_warmup,
+            cook=cfg.explore_cook,
+            p_min=cfg.explore_min,
+            p_max=cfg.explore_max,
+        )
         if cfg.explore and keyed_rng(self.seed, evals, _EXPLORE).uniform() < p_explore:
             # v1: the proposal set becomes copies of the exploration action, so it is the action taken
             rng = keyed_rng(self.seed, evals, _EXPLORE_ACTION)

@@ -244,8 +244,21 @@ def copying(src, space, rng, ids, *, max_len=None, min_len=2) -> Sample | None:
     return Sample(x, x.copy(), n)
 
 
-def selective_copying(src, space, rng, ids, *, k=1, form="query_context", max_len=None, span=(8, 16),
-                      start_delim=(1, 8), end_delim=(1, 4), tries=None, retries=10) -> Sample | None:  # fmt: skip
+def selective_copying(
+    src,
+    space,
+    rng,
+    ids,
+    *,
+    k=1,
+    form="query_context",
+    max_len=None,
+    span=(8, 16),
+    start_delim=(1, 8),
+    end_delim=(1, 4),
+    tries=None,
+    retries=10,
+) -> Sample | None:
     """v1/paper format (A.5). query_context: [COPY] ([START] sd_i [END] ed_i)… [CONTEXT] context;
     context_query: [CONTEXT] context [COPY] ([START] sd_i [END] ed_i)…. Target: span_1 [SEP] … span_K [DONE].
     Span ~ U{8..16}; its start delimiter (U{1..8}) is the context's tokens just before it, its end delimiter

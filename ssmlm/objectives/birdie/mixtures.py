@@ -60,11 +60,22 @@ def birdie_grid() -> list[Config]:
     four were 1.0), 1 next token, 1 prefix LM, 16 selective copying. Length buckets become ``max_len``
     (truncation); infilling/autoencoding also reject sources shorter than m*."""
     rates, means = (0.05, 0.15, 0.5), (3, 8, 32)
-    grid = _span_grid("infilling", "infilling", rates, means,
-                      _buckets((128, 256), (256, 512), (512, 1024), (1024, 2048)),
-                      keep=lambda rate, mean, b: mean != 3 or b == (128, 256))  # fmt: skip
-    grid += _span_grid("autoencoding", "autoencoding", rates, means, _buckets((192, 384), (384, 768), (768, 1536)),
-                       extra=({"shuffle": False}, {"shuffle": True}))  # fmt: skip
+    grid = _span_grid(
+        "infilling",
+        "infilling",
+        rates,
+        means,
+        _buckets((128, 256), (256, 512), (512, 1024), (1024, 2048)),
+        keep=lambda rate, mean, b: mean != 3 or b == (128, 256),
+    )
+    grid += _span_grid(
+        "autoencoding",
+        "autoencoding",
+        rates,
+        means,
+        _buckets((192, 384), (384, 768), (768, 1536)),
+        extra=({"shuffle": False}, {"shuffle": True}),
+    )
     grid += [Config("copying", "copying", {"max_len": hi}) for hi in (256, 1024)]
     grid += [Config("deshuffling", "deshuffling", {"max_len": hi, "p": p}) for hi in (256, 1024) for p in (0.5, 1.0)]
     grid += [Config("next_token", "next_token"), Config("prefix_lm", "prefix_lm")]
@@ -89,8 +100,10 @@ def initial_action(configs: list[Config]) -> np.ndarray:
 def _ul2() -> tuple[list[Config], np.ndarray]:
     """v1 configs/ul2.py: the paper's UL2 baseline; infilling min length ⌊μ/c⌋; weights / 20."""
     spans = [(0.15, 3, 4), (0.15, 8, 4), (0.5, 3, 2), (0.5, 8, 2), (0.15, 64, 2), (0.5, 64, 2)]
-    configs = [Config("infilling", "infilling", {"rate": c, "mean": float(m), "min_len": math.floor(m / c)})
-               for c, m, _ in spans]  # fmt: skip
+    configs = [
+        Config("infilling", "infilling", {"rate": c, "mean": float(m), "min_len": math.floor(m / c)})
+        for c, m, _ in spans
+    ]
     configs.append(Config("prefix_lm", "prefix_lm"))  # prefix frac 0.75: split uniform in [0.5L, L]
     weights = np.array([w for *_, w in spans] + [4], float)
     return configs, weights / weights.sum()

@@ -43,8 +43,18 @@ def _pick(docs, cum, rng) -> np.ndarray:
     return np.asarray(docs[d][token - cum[d] :], np.int32)
 
 
-def make_row(docs, configs, probs, length: int, key: int, ids: F.Ids, paradigm: str = "start", spacing: int = 0,
-             min_space: int = 32, max_failures: int = 4) -> dict[str, np.ndarray]:  # fmt: skip
+def make_row(
+    docs,
+    configs,
+    probs,
+    length: int,
+    key: int,
+    ids: F.Ids,
+    paradigm: str = "start",
+    spacing: int = 0,
+    min_space: int = 32,
+    max_failures: int = 4,
+) -> dict[str, np.ndarray]:
     """One packed row (the ``packing.pack`` arrays) plus ``config``: (length,) int32 index into ``configs`` of
     each slot's sample (−1 on padding/spacing), and ``sample_configs``: the samples' config indices in order.
     Deterministic from ``key`` (``np.random.default_rng(key)``)."""
@@ -78,11 +88,23 @@ def make_row(docs, configs, probs, length: int, key: int, ids: F.Ids, paradigm: 
     return row
 
 
-def make_batch_rows(docs, configs, probs, length: int, keys, ids: F.Ids, paradigm: str = "start", spacing: int = 0,
-                    min_space: int = 32, max_failures: int = 4) -> dict:  # fmt: skip
+def make_batch_rows(
+    docs,
+    configs,
+    probs,
+    length: int,
+    keys,
+    ids: F.Ids,
+    paradigm: str = "start",
+    spacing: int = 0,
+    min_space: int = 32,
+    max_failures: int = 4,
+) -> dict:
     """Rows for ``keys`` stacked to (B, length) arrays; ``sample_configs`` stays a list of per-row arrays."""
-    rows = [make_row(docs, configs, probs, length, int(k), ids, paradigm, spacing, min_space, max_failures)
-            for k in np.asarray(keys).ravel()]  # fmt: skip
+    rows = [
+        make_row(docs, configs, probs, length, int(k), ids, paradigm, spacing, min_space, max_failures)
+        for k in np.asarray(keys).ravel()
+    ]
     out = {k: np.stack([r[k] for r in rows]) for k in rows[0] if k != "sample_configs"}
     out["sample_configs"] = [r["sample_configs"] for r in rows]
     return out

@@ -28,9 +28,16 @@ def lm_objective(recipe: Recipe, data_dir: Path, rows: tuple[int, int] | None = 
 
     tok = load_lm_tokenizer(data_dir / "tokenizer.json")
     try:
-        return build_lm(recipe.objective, reserved_ids(tok.token_to_id), TokenDocuments(data_dir, "train"),
-                        TokenDocuments(data_dir, "validation"), recipe.seq_len, recipe.data.seed,
-                        batch_size=recipe.train.batch_size, rows=rows)  # fmt: skip
+        return build_lm(
+            recipe.objective,
+            reserved_ids(tok.token_to_id),
+            TokenDocuments(data_dir, "train"),
+            TokenDocuments(data_dir, "validation"),
+            recipe.seq_len,
+            recipe.data.seed,
+            batch_size=recipe.train.batch_size,
+            rows=rows,
+        )
     except ValueError as e:  # e.g. no configuration of the mixture fits the sequence length
         raise UserError(f"objective.mixture = {recipe.objective.mixture!r}: {e}") from None
 
@@ -64,8 +71,10 @@ def left_out(dropped: list[str], total: int, seq_len: int) -> str:
     """One short line on the configurations a dynamic mixture leaves out, counted by objective function."""
     kinds = [name.split("(")[0] for name in dropped]
     counts = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
-    return (f"[yellow]{len(dropped)} of the mixture's {total} configurations cannot make a sample in {seq_len} "
-            f"tokens and are left out[/] ({counts})")  # fmt: skip
+    return (
+        f"[yellow]{len(dropped)} of the mixture's {total} configurations cannot make a sample in {seq_len} "
+        f"tokens and are left out[/] ({counts})"
+    )
 
 
 def row_fill(objective) -> float:
@@ -96,15 +105,20 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
     objective = lm_objective(recipe, data_dir, rows=local_rows(recipe.train.batch_size))
     model = build_lm(recipe.model, seed=recipe.train.seed)
     eval_data = lm_eval_data(recipe, objective)
-    no_val = (f"data.validation_fraction = {recipe.data.validation_fraction} of {meta['documents']} documents "
-              "held none out (a corpus of few long files: split them, or raise it)")  # fmt: skip
+    no_val = (
+        f"data.validation_fraction = {recipe.data.validation_fraction} of {meta['documents']} documents "
+        "held none out (a corpus of few long files: split them, or raise it)"
+    )
     controller = birdie_controller(recipe, objective)
     if controller is not None and eval_data is None:
         raise UserError(f"objective.mixture: birdie learns from validation losses, but {no_val}")
     fill = row_fill(objective)
     dropped = left_out(objective.dropped, len(objective.dropped) + len(objective.configs), seq_len)
-    notes = [f"[yellow]no validation: {no_val}" if eval_data is None else None,
-             dropped if objective.dropped else None, packing_note(fill, recipe)]  # fmt: skip
+    notes = [
+        f"[yellow]no validation: {no_val}" if eval_data is None else None,
+        dropped if objective.dropped else None,
+        packing_note(fill, recipe),
+    ]
     if not quiet:
         for note in filter(None, notes):
             console.print(note, soft_wrap=True)

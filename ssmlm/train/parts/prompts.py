@@ -66,8 +66,9 @@ def resolve(recipe: Recipe, source: Run, seq_len: int) -> Recipe:
     """The source's model (this recipe's dropout; the recurrences have no position table, so finetuning may
     use longer rows than pretraining did), data and objective sections; the task's row length."""
     src = source.recipe
-    model = dataclasses.replace(src.model, dropout=recipe.model.dropout,
-                                max_seq_length=max(seq_len, src.model.max_seq_length))  # fmt: skip
+    model = dataclasses.replace(
+        src.model, dropout=recipe.model.dropout, max_seq_length=max(seq_len, src.model.max_seq_length)
+    )
     task = dataclasses.replace(recipe.task, max_seq_length=seq_len)
     return dataclasses.replace(recipe, model=model, data=src.data, objective=src.objective, task=task)
 
@@ -87,15 +88,24 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
         raise UserError(f"task {recipe.task.name}: no training pairs")
     t = recipe.train
     with activity(f"tokenizing {len(train) + len(val):,} pairs, loading {source.dir}", quiet):
-        objective = PromptResponseObjective(train, val, tok, seq_len, t.batch_size, t.seed,
-                                            # end_half runs saw it at the start half the time: lead with it
-                                            paradigm="none" if recipe.objective.paradigm == "none" else "start",
-                                            rows=local_rows(t.batch_size))  # fmt: skip
+        objective = PromptResponseObjective(
+            train,
+            val,
+            tok,
+            seq_len,
+            t.batch_size,
+            t.seed,
+            # end_half runs saw it at the start half the time: lead with it
+            paradigm="none" if recipe.objective.paradigm == "none" else "start",
+            rows=local_rows(t.batch_size),
+        )
         model = build_lm(recipe.model, seed=t.seed)
         source_weights(model, source)
     if not quiet:
-        console.print(f"{recipe.task.name}: {len(train):,} training pairs in {objective.steps_per_epoch:,} steps "
-                      f"per epoch, {len(val):,} validation pairs, rows of {seq_len} tokens")  # fmt: skip
+        console.print(
+            f"{recipe.task.name}: {len(train):,} training pairs in {objective.steps_per_epoch:,} steps "
+            f"per epoch, {len(val):,} validation pairs, rows of {seq_len} tokens"
+        )
     stage = loop.Stage(
         kind="finetune",
         model=model,
@@ -108,8 +118,13 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
         score=objective.score,
         meta={"task": recipe.task.name, "steps_per_epoch": objective.steps_per_epoch},
     )
-    info = {"kind": "finetune", "source": str(source.dir), "task": recipe.task.name, "head": "lm",
-            "metrics": ["exact_match", "loss", "token_accuracy"]}  # fmt: skip
+    info = {
+        "kind": "finetune",
+        "source": str(source.dir),
+        "task": recipe.task.name,
+        "head": "lm",
+        "metrics": ["exact_match", "loss", "token_accuracy"],
+    }
     files = {}
     if LM_TASKS[recipe.task.name].keeps_validation:  # what was validated on, for the record
         files[f"{recipe.task.name}-validation.jsonl"] = "".join(json.dumps(p) + "\n" for p in val)

@@ -24,9 +24,13 @@ def resolve(recipe: Recipe, source: Run, prep: Prepared) -> Recipe:
     (default: the source's), label count and columns."""
     model = dataclasses.replace(source.recipe.model, dropout=recipe.model.dropout)
     td = prep.definition
-    task = dataclasses.replace(recipe.task, max_seq_length=recipe.task.max_seq_length or model.max_seq_length,
-                               num_labels=td.num_labels, text_fields=list(td.text_fields),
-                               label_field=td.label_field)  # fmt: skip
+    task = dataclasses.replace(
+        recipe.task,
+        max_seq_length=recipe.task.max_seq_length or model.max_seq_length,
+        num_labels=td.num_labels,
+        text_fields=list(td.text_fields),
+        label_field=td.label_field,
+    )
     return dataclasses.replace(recipe, model=model, data=source.recipe.data, task=task)
 
 
@@ -84,6 +88,13 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
         meta={"task": td.name, "steps_per_epoch": rows.steps_per_epoch},
         eval_also_every=rows.steps_per_epoch if t.epochs else 0,  # every N steps and at every epoch end
     )
-    info = {"kind": "finetune", "source": str(source.dir), "task": td.name, "head": td.head,
-            "num_labels": td.num_labels, "label_names": prep.label_names, "metrics": list(td.metrics)}  # fmt: skip
+    info = {
+        "kind": "finetune",
+        "source": str(source.dir),
+        "task": td.name,
+        "head": td.head,
+        "num_labels": td.num_labels,
+        "label_names": prep.label_names,
+        "metrics": list(td.metrics),
+    }
     return Work(recipe, stage, info, source.dir / "tokenizer.json", selection=td.selection)
