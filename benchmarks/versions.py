@@ -54,6 +54,8 @@ def run_once(tree: Path, out: Path, name: str, steps: int, sets: list[str], env:
         raise SystemExit(f"{tree.name}: pretrain failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if "time" in r and "loss" in r]
+    if len(timed) < 3:  # a warm-up run: too short for a steady figure
+        return wall, float("nan")
     first, last = timed[1], timed[-1]  # the first logged step includes compilation
     return wall, (last["time"] - first["time"]) / (last["step"] - first["step"])
 
