@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import inspect
 import json
 import os
 import shlex
@@ -133,7 +134,26 @@ def user_errors(fn):
             _err(f"cannot write '{e.filename}': {e.strerror}")
             raise typer.Exit(2) from None
 
+    wrapper.__doc__ = flowing(fn.__doc__)
     return wrapper
+
+
+def flowing(doc: str | None) -> str | None:
+    """A docstring as --help shows it: typer keeps every line break, so a paragraph wrapped at the source's width
+    would break mid-sentence on an 80-column terminal. Lines of a paragraph are joined; an 'Example:' line keeps
+    its own line."""
+    if not doc:
+        return doc
+    paragraphs = []
+    for para in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in para.splitlines():
+            if lines and not line.startswith("Example:"):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
 
 
 def _load(recipe: str | None, overrides: list[str] | None, default: str):
@@ -421,8 +441,9 @@ def finetune(
 
     Language models: phone-book retrieval (Birdie) or instruction tuning, prompt as prefix, response as target.
 
-    Random-initialisation baseline: --init random (the architecture of --ckpt RUN, its weights not loaded; without
-    --ckpt, of --recipe's model, e.g. --recipe default, tokenised as its data section says).
+    Random-initialisation baseline: --init random (the architecture of --ckpt RUN, its weights not loaded).
+
+    Without --ckpt, --init random builds --recipe's model (e.g. --recipe default), tokenised as its data says.
 
     Example: ssmlm finetune --ckpt runs/default --task builtin-order
     Example: ssmlm finetune --ckpt runs/birdie_gated_ssm --task phonebook --recipe phonebook_tiny
@@ -636,7 +657,7 @@ def _register_analyses() -> None:
 
     for name, module in registry().items():
         command = _shown(f"analyze {name}", module.command, f"{name}: {getattr(module, 'FIGURE', name)}")
-        analyze_app.command(name, help=module.command.__doc__)(user_errors(command))
+        analyze_app.command(name, help=flowing(module.command.__doc__))(user_errors(command))
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of tables.")]

@@ -103,3 +103,23 @@ def test_run_summary_at_80_columns(monkeypatch, capsys):
     text = "\n".join(lines)
     assert re.search(r"train masked_tokens +│ 2,275 ", text) and re.search(r"validation examples +│ 96 ", text), text
     assert "6.3409" in text and "2275.0000" not in text
+
+
+def test_help_paragraphs_flow_instead_of_breaking_where_the_source_wrapped():
+    """typer keeps a docstring's line breaks; --help shows each paragraph as one flowing text (80 columns would
+    otherwise break it mid-sentence where the source wrapped at 120), and each 'Example:' on its own line."""
+    from ssmlm.cli import flowing
+
+    doc = """First line of a paragraph
+    that goes on.
+
+    Example: ssmlm a
+    Example: ssmlm b
+    """
+    assert flowing(doc) == "First line of a paragraph that goes on.\n\nExample: ssmlm a\nExample: ssmlm b"
+    for command in (["experiment"], ["finetune"], ["analyze", "report"]):
+        out = invoke(*command, "--help", env={"COLUMNS": "80"}).output
+        lines = [ln.rstrip() for ln in out.split("Options")[0].splitlines()]
+        # a short line continued by a lowercase one: a sentence broken where the source wrapped
+        broken = [(a, b) for a, b in zip(lines, lines[1:]) if 0 < len(a) < 60 and b[1:2].islower()]
+        assert not broken, (command, broken)
