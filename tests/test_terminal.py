@@ -121,5 +121,5 @@ def test_help_paragraphs_flow_instead_of_breaking_where_the_source_wrapped():
         out = invoke(*command, "--help", env={"COLUMNS": "80"}).output
         lines = [ln.rstrip() for ln in out.split("Options")[0].splitlines()]
         # a short line continued by a lowercase one: a sentence broken where the source wrapped
-        broken = [(a, b) for a, b in zip(lines, lines[1:]) if 0 < len(a) < 60 and b[1:2].islower()]
+        broken = [(a, b) for a, b in zip(lines, lines[1:], strict=False) if 0 < len(a) < 60 and b[1:2].islower()]
         assert not broken, (command, broken)
