@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -57,8 +56,9 @@ from ssmlm.train.hooks import (
     log_control,
 )
 from ssmlm.train.logs import Launches, MetricsLog
-from ssmlm.train.mesh import batch_sharding, check_batch, make_mesh, param_shardings, put_batch
+from ssmlm.train.mesh import check_batch, make_mesh, put_batch
 from ssmlm.train.optim import Optimizer, make_optimizer, rule_records, rule_table
+from ssmlm.train.step import make_train_step, step_shardings
 from ssmlm.train.threads import PREFETCH_DEPTH, CtrlC, Prefetcher, interruptibly
 
 
@@ -79,71 +79,6 @@ class Stage:
     controller: Controller | None = None
     eval_at: Callable[[int], bool] | None = None  # more evaluation steps (Birdie's schedule: 10, 50, 250, …)
     predictions_per_row: int | None = None  # scored positions per row, for the FLOPs estimate
-
-
-def make_train_step(
-    loss_fn: Callable, tx: optax.GradientTransformation, graphdef, seed: int, shardings=None, grad_accum: int = 1
-):
-    """The jitted update: (params, opt_state, batch, step) -> (params, opt_state, metrics).
-
-    Dropout keys are fold_in(seed, step), so a step's randomness does not depend on how it was reached.
-    With ``grad_accum`` > 1 the batch is split into that many micro-batches whose gradients are averaged
-    before one update (same result as the whole batch, less activation memory). A step whose loss or
-    gradient is not finite changes nothing and reports ``skipped`` = 1.
-    """
-    base_key = jax.random.key(seed)
-
-    def grads_of(params, batch, rng):
-        def loss_of(p):
-            return loss_fn(nnx.merge(graphdef, p), batch, rng)
-
-        return jax.value_and_grad(loss_of, has_aux=True)(params)
-
-    def train_step(params, opt_state, batch, step):
-        rng = jax.random.fold_in(base_key, step)
-        if grad_accum == 1:
-            (loss, aux), grads = grads_of(params, batch, rng)
-        else:
-            micro = jax.tree.map(lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
-            part = lambda i: grads_of(params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))  # noqa: E731
-
-            def weighted(i):
-                # Each micro-batch's loss is a mean over its own tokens; weighting by the token count
-                # makes the accumulated update equal to the whole batch's.
-                (loss, aux), grads = part(i)
-                w = aux.get("weight", 1.0)
-                return w, jax.tree.map(lambda x: x * w, (loss, aux, grads))
-
-            def one(acc, i):
-                return jax.tree.map(jnp.add, acc, weighted(i)), None
-
-            (total_w, summed), _ = jax.lax.scan(one, weighted(0), jnp.arange(1, grad_accum))
-            loss, aux, grads = jax.tree.map(lambda x: x / total_w, summed)
-        aux = {k: v for k, v in aux.items() if k != "weight"}
-        gnorm = optax.tree.norm(grads)
-        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-
-        def update(_):
-            updates, new_opt = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), new_opt
-
-        # One cond rather than a where per leaf: XLA copied the `ok` test into every leaf's fusion, which made the
-        # step compile 1.5-2x longer (benchmarks/compile.py, BiGS d 256) at no gain in step time.
-        new_params, new_opt = jax.lax.cond(ok, update, lambda _: (params, opt_state), None)
-        metrics = {
-            "loss": jnp.where(ok, loss, 0.0),
-            "grad_norm": jnp.where(ok, gnorm, 0.0),
-            "skipped": 1.0 - ok.astype(jnp.float32),
-            **aux,
-        }
-        return new_params, new_opt, metrics
-
-    if shardings is None:  # parameters and optimizer state are replaced every step: reuse their buffers
-        return jax.jit(train_step, donate_argnums=(0, 1))
-    p_sh, o_sh, b_sh = shardings
-    return jax.jit(
-        train_step, in_shardings=(p_sh, o_sh, b_sh, None), out_shardings=(p_sh, o_sh, None), donate_argnums=(0, 1)
-    )
 
 
 @dataclass
@@ -310,14 +245,13 @@ def _optimizer(stage: Stage, recipe: Recipe, show_rules: bool) -> Optimizer:
 
 
 def _place(model: nnx.Module, tx: optax.GradientTransformation, recipe: Recipe):
-    """(graphdef, parameters, a fresh optimizer state, their shardings and the batch's) on the recipe's mesh."""
+    """(graphdef, parameters, a fresh optimizer state, their shardings and the batch's) on the recipe's mesh over
+    this machine's devices (the shardings are ssmlm.train.step's, which `--dry-run --target` compiles with)."""
     cfg = recipe.train
     mesh = make_mesh(recipe.mesh)
     check_batch(cfg.batch_size // cfg.grad_accum, mesh)
     graphdef, params = nnx.split(model, nnx.Param)
-    p_sh = param_shardings(params, mesh)
-    o_sh = param_shardings(jax.eval_shape(tx.init, params), mesh)
-    b_sh = batch_sharding(mesh)
+    p_sh, o_sh, b_sh = step_shardings(params, tx, mesh)
     params = jax.device_put(params, p_sh)
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
     return graphdef, params, opt_state, (p_sh, o_sh, b_sh)

@@ -101,12 +101,14 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def check_batch(batch_size: int, mesh: Mesh) -> None:
+def check_batch(batch_size: int, mesh: Mesh, processes: int | None = None) -> None:
+    """The batch splits over the mesh's batch axes and over the ``processes`` (default: this run's) that feed it."""
     ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    processes = jax.process_count() if processes is None else processes
     if batch_size % ways:
         raise UserError(f"train.batch_size = {batch_size} must be divisible by the mesh's data x fsdp = {ways}")
-    if batch_size % jax.process_count():
-        raise UserError(f"train.batch_size = {batch_size} must be divisible by the {jax.process_count()} processes")
+    if batch_size % processes:
+        raise UserError(f"train.batch_size = {batch_size} must be divisible by the {processes} processes")
 
 
 def put_batch(local, sharding: NamedSharding):

@@ -1,0 +1,282 @@
+"""Fit before you rent: compile a recipe's training step for a named TPU slice or GPU node from this machine
+(`ssmlm pretrain RECIPE --dry-run --target v5e:4x4`) and report what it needs there.
+
+The step is the run's own (ssmlm.train.step.StepSpec: model, loss, optimizer, mesh, shardings, grad_accum, remat,
+dtypes) around an abstract model, so nothing is allocated at full size and no data is read; the devices are the
+target's abstract ones (ssmlm.targets). XLA's compiler for that platform then gives, per chip:
+
+- memory: arguments (parameters and optimizer state, donated: updated in place), outputs, temporaries and
+  generated code, against the chip's HBM. An out-of-memory compile is a result (the TPU compiler refuses a
+  program that cannot fit and says how much it needed), not an error;
+- the collectives in the compiled program, each counted as often as it runs: an op inside a loop (the layer scan,
+  gradient accumulation) runs once per trip, read from the loop's known trip count;
+- a roofline estimate: the step cannot be faster than its FLOPs at peak, its unavoidable HBM traffic at full
+  bandwidth, or its collective bytes at full interconnect bandwidth; so tokens/s and MFU have upper bounds.
+  FLOPs are ssmlm's analytic count (ssmlm.models.flops): XLA's cost analysis counts a loop's body once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections import defaultdict
+
+from flax import nnx
+
+from ssmlm.errors import UserError
+from ssmlm.recipe import Recipe
+from ssmlm.targets import Target, devices
+from ssmlm.train.mesh import check_batch, make_mesh
+from ssmlm.train.step import StepSpec
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+
+
+@dataclasses.dataclass
+class Work:
+    """What kind of step: the model, its loss and its batch layout (ssmlm.objectives.shapes)."""
+
+    model: object  # abstract (nnx.eval_shape)
+    loss_fn: object
+    layout: str
+    seq_len: int
+    predictions: int | None  # scored positions per row (MLM), for the FLOPs and the batch
+
+
+def pretraining_work(recipe: Recipe, vocab_size: int) -> Work:
+    """Pretraining (and extend-length) of ``recipe``'s model: MLM for encoders, the LM objective for LMs."""
+    from ssmlm.models import build_pretraining_model, is_lm, with_vocab
+    from ssmlm.objectives import objective_class, predictions_per_row
+
+    cfg = with_vocab(recipe.model, vocab_size)
+    model = nnx.eval_shape(lambda: build_pretraining_model(cfg, recipe.train.seed))
+    if is_lm(cfg.arch):
+        return Work(model, objective_class("lm").loss, "lm", recipe.seq_len, None)
+    preds = predictions_per_row(recipe.objective, recipe.seq_len)
+    return Work(model, objective_class(recipe.objective.kind).loss, "mlm", recipe.seq_len, preds)
+
+
+def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
+    """The run's step for ``recipe`` over ``target``'s devices (UserError when its batch does not split there)."""
+    from ssmlm.objectives.shapes import batch_shapes
+    from ssmlm.train.optim import make_optimizer
+
+    t = recipe.train
+    mesh = make_mesh(recipe.mesh, devices(target))
+    if t.batch_size % t.grad_accum:
+        raise UserError(f"train.batch_size = {t.batch_size} is not divisible by train.grad_accum = {t.grad_accum}")
+    check_batch(t.batch_size // t.grad_accum, mesh, processes=target.hosts)
+    graphdef, params = nnx.split(work.model, nnx.Param)
+    tx = make_optimizer(t, t.steps, params, recipe.model).tx
+    batch = batch_shapes(work.layout, t.batch_size, work.seq_len, work.predictions)
+    platform = target.accelerator.platform
+    return StepSpec(work.loss_fn, tx, graphdef, params, mesh, batch, t.seed, t.grad_accum, platform)
+
+
+def compile_step(spec: StepSpec) -> tuple[object | None, str | None, float]:
+    """(compiled executable or None, XLA's out-of-memory message or None, compile seconds)."""
+    start = time.perf_counter()
+    lowered = spec.lower()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # XLA's errors are one RuntimeError class; only running out of memory is a result
+        message = str(e)
+        if "RESOURCE_EXHAUSTED" in message or "exceeds available" in message or "Ran out of memory" in message:
+            return None, message, time.perf_counter() - start
+        raise UserError(f"XLA could not compile the step: {first_line(message)}") from None
+    return compiled, None, time.perf_counter() - start
+
+
+def first_line(message: str) -> str:
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    return lines[0][:300] if lines else "(no message)"
+
+
+# ---- memory
+
+
+def memory_of(compiled, oom: str | None, hbm: int) -> dict:
+    """Per-chip bytes of the compiled step, and whether they fit ``hbm``. ``total`` counts donated arguments once
+    (their outputs reuse them: XLA's alias bytes)."""
+    if compiled is None:
+        return {"fits": False, "total": needed_bytes(oom), "hbm": hbm, "oom_message": first_line(oom or "")}
+    m = compiled.memory_analysis()
+    out = {
+        "arguments": int(m.argument_size_in_bytes),
+        "outputs": int(m.output_size_in_bytes),
+        "aliased": int(m.alias_size_in_bytes),
+        "temporaries": int(m.temp_size_in_bytes),
+        "generated_code": int(m.generated_code_size_in_bytes),
+    }
+    out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"] + out["generated_code"]
+    out.update(hbm=hbm, fits=out["total"] <= hbm)
+    return out
+
+
+_SIZE = re.compile(r"\(([\d.]+)([KMGT]?)\)")
+
+
+def needed_bytes(message: str | None) -> int | None:
+    """The memory XLA said the program needs, from its out-of-memory message ("... temporaries (48.65G) exceeds
+    available HBM (15.75G)"): the first figure, None when there is none."""
+    for value, unit in _SIZE.findall(message or ""):
+        return int(float(value) * 1024 ** " KMGT".index(unit or " "))
+    return None
+
+
+# ---- collectives, counted as often as they run
+
+
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_CALLEE = re.compile(r"(?:body|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_OP = re.compile(r"=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_SHAPE = re.compile(r"(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4}
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]")
+_GROUPS = re.compile(r"replica_groups=\{\{([\d,]*)\}")
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
+    comps: dict[str, list[str]] = {}
+    entry, name = "", None
+    for line in hlo.splitlines():
+        m = _COMPUTATION.match(line)
+        if m and "=" not in line.split("(")[0]:
+            name = m.group(1)
+            comps[name] = []
+            if line.lstrip().startswith("ENTRY"):
+                entry = name
+        elif name is not None:
+            comps[name].append(line)
+    return comps, entry
+
+
+def _runs(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
+    """How many times each computation runs per step: a while body its trip count times its caller's."""
+    runs: dict[str, int] = defaultdict(int)
+    runs[entry] = 1
+    todo = [entry]
+    while todo:
+        caller = todo.pop()
+        for line in comps.get(caller, []):
+            trip = int(m.group(1)) if (m := _TRIP.search(line)) and " while(" in line else 1
+            callees = _CALLEE.findall(line)
+            if b := _BRANCHES.search(line):
+                callees += [c.strip().lstrip("%") for c in b.group(1).split(",")]
+            for callee in callees:
+                if callee in comps:
+                    runs[callee] += runs[caller] * trip
+                    todo.append(callee)
+    return runs
+
+
+def _group_size(line: str, chips: int) -> int:
+    if m := _GROUPS_IOTA.search(line):
+        return int(m.group(2))
+    if m := _GROUPS.search(line):
+        return len([x for x in m.group(1).split(",") if x])
+    return chips
+
+
+def collectives(hlo: str, chips: int) -> dict[str, dict]:
+    """{kind: {ops, runs, bytes}} per chip: ``ops`` in the program text, ``runs`` per step (loops unrolled by
+    their trip counts), ``bytes`` each chip sends per step (ring algorithms: an all-gather or reduce-scatter of
+    S bytes over n chips moves S·(n−1)/n, an all-reduce twice that, a permute S)."""
+    comps, entry = _computations(hlo)
+    runs = _runs(comps, entry)
+    out = {k: {"ops": 0, "runs": 0, "bytes": 0} for k in COLLECTIVES}
+    for name, lines in comps.items():
+        for line in lines:
+            m = _OP.search(line)
+            if not m or "-done(" in line:
+                continue
+            kind, n = m.group(2), _group_size(line, chips)
+            # the result: the gathered tensor, the scattered shard (an async start's tuple holds its operand and
+            # its result, and bookkeeping scalars: the largest is the result)
+            sizes = [_BYTES.get(dt, 8) * _prod(dims) for dt, dims in _SHAPE.findall(m.group(1))]
+            size = (max(sizes) if "-start(" in line else sum(sizes)) if sizes else 0
+            moved = {
+                "all-gather": size * (n - 1) / n,
+                "reduce-scatter": size * (n - 1),
+                "all-reduce": 2 * size * (n - 1) / n,
+            }.get(kind, size)
+            times = runs.get(name, 0)
+            out[kind]["ops"] += 1
+            out[kind]["runs"] += times
+            out[kind]["bytes"] += int(moved * times)
+    return out
+
+
+def _prod(dims: str) -> int:
+    n = 1
+    for d in filter(None, dims.split(",")):
+        n *= int(d)
+    return n
+
+
+# ---- the roofline
+
+
+def roofline(target: Target, model_flops: float, remat: bool, memory: dict, comm_bytes: int, tokens: int) -> dict:
+    """Lower bounds on the step time (seconds) and so upper bounds on tokens/s and MFU: an estimate from the
+    target's datasheet figures (ssmlm.targets), not a measurement. Compute: the step's FLOPs (with remat the
+    forward runs twice: 8 of every 6 model FLOPs) spread evenly at peak; memory: each chip reads and writes its
+    parameters and optimizer state once (the arguments), at full HBM bandwidth; interconnect: each chip's
+    collective bytes at full bandwidth. The bound assumes all three overlap perfectly."""
+    acc = target.accelerator
+    hardware_flops = model_flops * (8 / 6 if remat else 1.0)
+    bounds = {"compute": hardware_flops / (target.chips * acc.peak_bf16_flops)}
+    if memory.get("arguments") is not None:
+        bounds["memory"] = 2 * memory["arguments"] / acc.hbm_bandwidth
+    if target.chips > 1:
+        bounds["interconnect"] = comm_bytes / acc.interconnect_bandwidth
+    step = max(bounds.values())
+    return {
+        "step_seconds_at_least": step,
+        "bound_by": max(bounds, key=bounds.get),
+        "bounds_seconds": bounds,
+        "tokens_per_second_at_most": tokens / step,
+        "mfu_at_most": model_flops / (step * target.chips * acc.peak_bf16_flops),
+    }
+
+
+# ---- the report
+
+
+def check_on_target(recipe: Recipe, target: Target, work: Work) -> dict:
+    """Compile ``recipe``'s training step of ``work`` for ``target`` and report it (module docstring)."""
+    from ssmlm.models.flops import flops_per_token, param_counts
+
+    spec = step_spec(recipe, work, target)
+    compiled, oom, seconds = compile_step(spec)
+    acc = target.accelerator
+    memory = memory_of(compiled, oom, acc.hbm_bytes)
+    comm = collectives(compiled.as_text(), target.chips) if compiled is not None else {}
+    t = recipe.train
+    tokens = t.batch_size * work.seq_len
+    model_flops = flops_per_token(work.model, recipe.model, work.seq_len, work.predictions) * tokens
+    comm_bytes = sum(c["bytes"] for c in comm.values())
+    mesh = dict(spec.mesh.shape)
+    return {
+        "recipe": recipe.name,
+        "target": target.name,
+        "topology": target.topology,
+        "accelerator": acc.name,
+        "chips": target.chips,
+        "hosts": target.hosts,
+        "mesh": mesh,
+        "batch_size": t.batch_size,
+        "grad_accum": t.grad_accum,
+        "micro_batch_per_chip": t.batch_size // t.grad_accum / (mesh["data"] * mesh["fsdp"]),
+        "remat": bool(recipe.model.remat),
+        "seq_len": work.seq_len,
+        "params": param_counts(work.model)["total"],
+        "compile_seconds": round(seconds, 1),
+        "memory": memory,
+        "model_flops_per_step": model_flops,
+        "collectives": comm,
+        "roofline": roofline(target, model_flops, bool(recipe.model.remat), memory, comm_bytes, tokens),
+    }
