@@ -14,6 +14,7 @@ from ssmlm.models.attention import attend_cache, key_span, resolve, segment_atte
 from ssmlm.models.config import LMConfig, ModelConfig
 from ssmlm.models.layers import attend
 from ssmlm.models.lm_context import make_context
+from ssmlm.models.platform import cudnn_available
 from ssmlm.models.transformer_lm import TransformerBlock
 
 L, HEADS, DH = 70, 2, 8
@@ -114,12 +115,14 @@ def test_key_span_hand_written():
 
 
 def test_resolve():
-    assert resolve("dense", jnp.float32, 64) == "dense"
+    """On the host (no compiling_for: tests/test_platform.py covers compiling for another platform)."""
+    assert resolve("dense", jnp.float32, 64, True) == "dense"
     on_cpu = jax.default_backend() == "cpu"
-    assert resolve("auto", jnp.float32, 64) == ("blockwise" if on_cpu else "dense")  # cuDNN takes no float32
-    assert resolve("auto", jnp.bfloat16, 64) == {"cpu": "blockwise", "gpu": "cudnn"}.get(jax.default_backend(), "dense")
+    assert resolve("auto", jnp.float32, 64, True) == ("blockwise" if on_cpu else "dense")  # cuDNN takes no float32
+    bf16 = {"cpu": "blockwise", "gpu": "cudnn" if cudnn_available() else "dense"}  # a TPU: dense (prefix-LM)
+    assert resolve("auto", jnp.bfloat16, 64, True) == bf16.get(jax.default_backend(), "dense")
     with pytest.raises(ValueError, match="attention 'flash'"):
-        resolve("flash", jnp.float32, 64)
+        resolve("flash", jnp.float32, 64, False)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention runs on a GPU only")

@@ -1,5 +1,5 @@
 """Masked multi-head attention for packed rows: the Transformer LM's attention (ssmlm.models.transformer_lm),
-computed three ways that return the same values, and its decoding form over a KV cache.
+computed several ways that return the same values, and its decoding form over a KV cache.
 
 A packed row holds several samples, each a run of one segment id, then padding (segment 0). Query q may attend
 to key k when (the prefix term only in a bidirectional, prefix-LM layer)
@@ -22,8 +22,17 @@ every other query sees itself) gets 0. ``impl`` picks how:
     cudnn      jax.nn.dot_product_attention's cuDNN kernel with the boolean mask (GPU only; bf16/fp16 inputs,
                head size a multiple of 8); padding queries are zeroed after the call, as cuDNN gives them the
                mean of the values.
-    auto       blockwise on CPU; on a GPU cudnn where cuDNN takes the inputs, else dense (the blockwise loop runs
-               one small block at a time, which suits a CPU core, not an accelerator); dense on TPU.
+    splash     jax's Pallas splash attention for TPU (jax.experimental.pallas.ops.tpu.splash_attention, as MaxText
+               uses it), causal layers only: its mask is static (known at compile time) and combined in the
+               kernel with dynamic segment ids, allowed = k ≤ q ∧ segment_q = segment_k, which is the mask above
+               for every real query; padding queries are zeroed after the call. A prefix-LM layer's mask depends
+               on each row's prefix, which a static mask cannot say, so those layers stay dense. Not compiling for
+               a TPU it runs in Pallas's interpreter (slow: for tests).
+    auto       by the platform the step is compiled for (ssmlm.models.platform.backend), not the host: blockwise
+               on CPU; on a GPU cudnn where cuDNN takes the inputs and this host has the cuDNN library to compile
+               it with (platform.cudnn_available), else dense (the blockwise loop runs one small block at a
+               time, which suits a CPU core, not an accelerator); on a TPU splash for causal layers, dense for
+               prefix-LM ones. ``attention_choice`` says which and why, for reports.
 
 The blockwise spans need no assumption on the layout: they come from sorting each row by segment, so a sample
 split into several runs is still attended exactly (with less skipping). Scores are float32 whatever the compute
@@ -37,15 +46,18 @@ filled length, not the cache's size.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from ssmlm.models import platform
 from ssmlm.models.layers import MASK_VALUE, attend
 
-__all__ = ["IMPLS", "attend_cache", "attention_mask", "resolve", "segment_attention"]
+__all__ = ["IMPLS", "attend_cache", "attention_choice", "attention_mask", "resolve", "segment_attention"]
 
-IMPLS = ("auto", "dense", "blockwise", "cudnn")
+IMPLS = ("auto", "dense", "blockwise", "cudnn", "splash")
 # Query and key block size of the blockwise path. Measured on CPU (2 shared cores), forward + backward at L 2048,
 # B 2, H 4, d_h 64: with 4 samples per row 64 / 128 / 256 / 512 took 135 / 124 / 134 / 146 ms (dense 550 ms); with
 # one sample 508 / 455 / 529 / 433 ms (dense 551 ms). Smaller blocks skip more but pay more per-block overhead.
@@ -53,6 +65,13 @@ BLOCK = 128
 # Cache slots read per iteration of attend_cache's loop: 64, 128 and 256 within noise of each other for a cache
 # filled to 64 or 2000 (B 1 and 8, CPU); 512 slower.
 DECODE_BLOCK = 128
+# The splash path's query and key block: the largest of these dividing the row (padded to a multiple of 128, the
+# kernel's lane width). 512: MaxText's default for every splash block (MaxText at 315ebb5, MaxText/configs/base.yml,
+# sa_block_q and the rest).
+SPLASH_BLOCKS = (512, 256, 128)
+# Mesh axes the batch is split over (ssmlm.train.mesh.BATCH_AXES) and the one heads may be split over: the splash
+# kernel runs per device inside shard_map (a Mosaic kernel cannot be partitioned by XLA).
+BATCH_AXES, HEAD_AXIS = ("data", "fsdp"), "tensor"
 
 
 def attention_mask(ctx, bidirectional: bool):
@@ -66,25 +85,46 @@ def attention_mask(ctx, bidirectional: bool):
     return see & same
 
 
-def resolve(impl: str, dtype, head_size: int) -> str:
-    """The implementation ``impl`` stands for: auto → blockwise on CPU; on a GPU, cudnn where cuDNN's flash
-    attention takes the inputs (bf16/fp16, head size a multiple of 8 up to 128: it refuses float32), else
-    dense; dense on other accelerators."""
+def attention_choice(impl: str, dtype, head_size: int, bidirectional: bool) -> tuple[str, str]:
+    """(the implementation ``impl`` stands for, why) for one layer: inputs of ``dtype`` and ``head_size``, a
+    prefix-LM layer if ``bidirectional``; auto decided for the platform being compiled for (module docstring)."""
     if impl not in IMPLS:
         raise ValueError(f"attention {impl!r}: expected one of {', '.join(IMPLS)}")
+    if impl == "splash" and bidirectional:
+        raise ValueError(
+            "attention splash: a prefix-LM (bidirectional) layer's mask depends on the data, which splash's static "
+            "masks cannot express; use auto or dense"
+        )
     if impl != "auto":
-        return impl
-    backend = jax.default_backend()
-    if backend == "cpu":
-        return "blockwise"
-    cudnn_ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_size % 8 == 0 and head_size <= 128
-    return "cudnn" if backend == "gpu" and cudnn_ok else "dense"
+        return impl, "model.attention"
+    target = platform.backend()
+    if target == "cpu":
+        return "blockwise", "auto for cpu: skips the masked blocks, one block at a time"
+    if target == "tpu":
+        if bidirectional:
+            return "dense", "auto for tpu, prefix-LM layer: splash's masks are static, the prefix is not"
+        return "splash", "auto for tpu, causal layer"
+    if target != "gpu":
+        return "dense", f"auto for {target}"
+    # cuDNN's flash attention refuses float32 and other head sizes
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or head_size % 8 or head_size > 128:
+        return "dense", "auto for gpu: cuDNN takes bf16/fp16 and head sizes ≤ 128, multiples of 8"
+    if not platform.cudnn_available():
+        return "dense", "auto for gpu: cuDNN not installed on this host; a GPU machine with cuDNN uses cudnn"
+    return "cudnn", "auto for gpu"
+
+
+def resolve(impl: str, dtype, head_size: int, bidirectional: bool) -> str:
+    """The implementation ``impl`` stands for (``attention_choice``)."""
+    return attention_choice(impl, dtype, head_size, bidirectional)[0]
 
 
 def segment_attention(q, k, v, ctx, bidirectional: bool, impl: str = "auto", block: int = BLOCK):
     """softmax(q kᵀ/√d_h) v over the allowed keys (module docstring) for q, k, v (B, L, H, d_h) and ``ctx``
     (segment_ids, prefix: (B, L)) -> (B, L, H, d_h) in v's dtype, 0 for padding queries."""
-    impl = resolve(impl, q.dtype, q.shape[-1])
+    impl = resolve(impl, q.dtype, q.shape[-1], bidirectional)
+    if impl == "splash":
+        return splash_attention(q, k, v, ctx.segment_ids, interpret=platform.backend() != "tpu")
     if impl == "dense":
         return attend(q, k, v, attention_mask(ctx, bidirectional))
     if impl == "cudnn":
@@ -123,6 +163,108 @@ def key_span(seg, prefix):
     hi = jnp.where(prefix, jnp.maximum(pos, jnp.where(s_pre[end] == 1, s_pos[end], -1)), pos)
     real = seg != 0
     return jnp.where(real, lo, n), jnp.where(real, hi, -1)
+
+
+# ---- splash (TPU): jax.experimental.pallas.ops.tpu.splash_attention ----
+
+
+def splash_attention(q, k, v, segment_ids, interpret: bool = False):
+    """Causal attention within segments by the splash kernel: q, k, v (B, L, H, d_h), segment_ids (B, L) int
+    (0 = padding) -> (B, L, H, d_h) in v's dtype, 0 for padding queries; the causal layer's segment_attention.
+    ``interpret``: run the kernel in Pallas's interpreter (any platform; slow).
+
+    The row is padded to a multiple of 128 positions with segment 0, which no real query attends. A padding query
+    attends to the earlier padding (at least itself), so no softmax row is empty, and its output is zeroed. Splash
+    does not scale the scores: q is scaled by 1/√d_h first, in float32, as the dense path scales q kᵀ."""
+    n, d = q.shape[1], q.shape[-1]
+    length = -(-n // 128) * 128
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, length - n)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
+    q = (q.astype(jnp.float32) / math.sqrt(d)).astype(q.dtype)
+    seg = pad(jnp.asarray(segment_ids, jnp.int32))
+    out = _splash_over_mesh(pad(q), pad(k), pad(v), seg, interpret)[:, :n]
+    return jnp.where((seg[:, :n] != 0)[:, :, None, None], out, 0).astype(v.dtype)
+
+
+def _splash_over_mesh(q, k, v, seg, interpret: bool):
+    """The kernel on each device's share of the batch (and of the heads, over HEAD_AXIS where that divides them)
+    under the mesh in context (jax.set_mesh), by jax.shard_map: XLA cannot partition a Mosaic kernel itself
+    ("Mosaic kernels cannot be automatically partitioned"), as MaxText wraps it (MaxText at 492d01d,
+    MaxText/layers/attention_op.py, AttentionOp.tpu_flash_attention). Without a mesh the kernel is called as is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = jax.sharding.AxisType.Manual
+    free = {a: s for a, s, t in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types, strict=True) if t != manual}
+    if mesh.empty or math.prod(free.values()) == 1:
+        return _splash_local(q, k, v, seg, interpret)
+    batch = tuple(a for a in BATCH_AXES if a in free)
+    if q.shape[0] % math.prod(free[a] for a in batch):
+        batch = ()  # a batch the mesh does not divide stays whole on each device (shard_map gathers it)
+    heads = HEAD_AXIS if HEAD_AXIS in free and q.shape[2] % free[HEAD_AXIS] == 0 else None
+    spec, seg_spec = P(batch or None, None, heads, None), P(batch or None, None)
+    local = functools.partial(_splash_local, interpret=interpret)
+    # check_vma off (MaxText's check_rep=False): splash's pallas_call declares no varying axes for its outputs,
+    # which jax 0.10's checked shard_map refuses
+    run = jax.shard_map(
+        local, mesh=mesh, in_specs=(spec, spec, spec, seg_spec), out_specs=spec, axis_names=set(free), check_vma=False
+    )
+    return run(q, k, v, seg)
+
+
+def _splash_local(q, k, v, seg, interpret: bool):
+    """One device's splash: q, k, v (B, L, H, d), seg (B, L), L a multiple of 128 -> (B, L, H, d) in q's dtype."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    length, heads = q.shape[1], q.shape[2]
+    block = next(b for b in SPLASH_BLOCKS if length % b == 0)
+    sizes = splash.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads)
+    kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  (B, H, L, d): the kernel's layout
+    run = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(s, s)))
+    out = _traced_under(run, _kernel_precision(q.dtype))(heads_first(q), heads_first(k), heads_first(v), seg)
+    return heads_first(out)
+
+
+def _kernel_precision(dtype) -> str | None:
+    """The matmul precision the kernel's products are traced under. Mosaic refuses "highest" on bf16 operands
+    ("Bad lhs type"), whose products the float32 accumulator holds exactly at any precision, so those take
+    "default" (the same values); and "high" on any operands, so float32 ones take "highest" (more exact) for it.
+    Otherwise the setting in effect, as the dense path's products have."""
+    current = jax.config.jax_default_matmul_precision
+    if jnp.dtype(dtype) != jnp.float32:
+        return "default"
+    return "highest" if current in ("high", "tensorfloat32") else current
+
+
+def _traced_under(fn, precision: str | None):
+    """``fn`` (of arrays) with its forward and backward both traced under matmul ``precision``: splash's backward
+    (a custom_vjp's) is traced when the gradient is taken, outside any ``with jax.default_matmul_precision``
+    around the call, so both passes set it here."""
+
+    @jax.custom_vjp
+    def wrapped(*args):
+        with jax.default_matmul_precision(precision):
+            return fn(*args)
+
+    def forward(*args):
+        with jax.default_matmul_precision(precision):
+            out, backward = jax.vjp(fn, *args)
+        return out, backward  # the vjp function is a pytree (jax.tree_util.Partial) of its residuals
+
+    def backward(pullback, cotangent):
+        with jax.default_matmul_precision(precision):
+            return pullback(cotangent)
+
+    wrapped.defvjp(forward, backward)
+    return wrapped
 
 
 # ---- the blockwise kernel: q, k, v (B, nb, block, H, d_h); seg, prefix (B, nb·block); first, last (B, nb) ----

@@ -9,7 +9,9 @@ The whole-sequence form has two implementations of one function (``impl``, model
   associative form does ~2 log₂ L passes over the state instead of one) and to compile (one loop body instead
   of O(log L) strided slices and concatenations per scan, per layer): measured by benchmarks/scan_impl.py.
 
-``auto`` (the default) is sequential on CPU and associative elsewhere. Both agree to float32 rounding.
+``auto`` (the default) is sequential on CPU and associative elsewhere, deciding by the platform the step is
+compiled for (ssmlm.models.platform.backend: a TPU or GPU target compiled from a CPU host gets the associative
+form), not by the host. ``scan_choice`` says which and why, for reports. Both agree to float32 rounding.
 
 A reset zeroes f at its position, so nothing before it reaches h_t (and, reversed, nothing after it). Scans
 always run in float32, whatever the compute dtype: the paper keeps recurrences out of bfloat16 (A.8).
@@ -26,6 +28,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssmlm.models import platform
+
 
 def _combine(left, right):
     a1, b1 = left
@@ -39,13 +43,22 @@ def _step(h, fx):
     return h, h
 
 
-def resolve(impl: str) -> str:
-    """model.scan_impl with auto resolved for the default backend."""
-    if impl == "auto":
-        return "sequential" if jax.default_backend() == "cpu" else "associative"
-    if impl not in ("associative", "sequential"):
+def scan_choice(impl: str) -> tuple[str, str]:
+    """(the implementation model.scan_impl ``impl`` stands for, why): auto resolved for the platform being
+    compiled for (ssmlm.models.platform.backend)."""
+    if impl not in ("auto", "associative", "sequential"):
         raise ValueError(f"scan_impl {impl!r}: expected auto, associative or sequential")
-    return impl
+    if impl != "auto":
+        return impl, "model.scan_impl"
+    target = platform.backend()
+    if target == "cpu":
+        return "sequential", "auto for cpu: one loop step per token runs and compiles faster on a CPU"
+    return "associative", f"auto for {target}: O(log L) depth fills the parallel hardware"
+
+
+def resolve(impl: str) -> str:
+    """model.scan_impl with auto resolved for the platform being compiled for (``scan_choice``)."""
+    return scan_choice(impl)[0]
 
 
 def linear_scan(f, x, reset, reverse: bool = False, impl: str = "auto") -> jax.Array:
