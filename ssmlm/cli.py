@@ -88,6 +88,24 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.
 DryOpt = Annotated[
     bool, typer.Option("--dry-run", help="Validate, build the model abstractly, print size/FLOPs/memory, exit.")
 ]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="With --dry-run: compile the training step for a TPU slice or GPU node from this machine (e.g. "
+        "v5e:4x4, v5p-8, h100-80gb:8, a100-80gb:4x5; paper: the hardware the recipe's paper used) and report "
+        "memory per chip, fit, collectives and a roofline estimate. Needs pip install 'ssmlm[tpu]' / 'ssmlm[gpu-aot]'.",
+    ),
+]
+FitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fit",
+        help="With --target: search train.grad_accum, model.remat and the mesh for the setting that fits with the "
+        "best estimated throughput, and print it as --set overrides.",
+    ),
+]
+TargetJsonOpt = Annotated[bool, typer.Option("--json", help="With --target: print the report as JSON.")]
 StopOpt = Annotated[
     int | None,
     typer.Option(
@@ -175,6 +193,90 @@ def _check_training_options(name: str | None, stop_after: int | None) -> None:
     checks.option("--stop-after", stop_after, checks.POSITIVE)
 
 
+def _check_target_options(dry_run: bool, target: str | None, fit: bool, as_json: bool) -> None:
+    """--target, --fit and --json go with --dry-run; the target's name is checked before jax loads."""
+    if target is None:
+        if fit or as_json:
+            raise UserError(f"{'--fit' if fit else '--json'} goes with --target NAME (and --dry-run)")
+        return
+    if not dry_run:
+        raise UserError("--target compiles for the target without training: add --dry-run")
+    if target != "paper":
+        from ssmlm.targets import parse_target
+
+        parse_target(target)
+
+
+def _dry_run_on_target(command: str, r, make_work, target: str, fit: bool, as_json: bool, quiet: bool) -> None:
+    """`--dry-run --target`: the step compiled for the target (``make_work()``: ssmlm.train.aot.Work), reported as a
+    table or JSON; ``fit``: the search for a setting that fits (ssmlm.train.fit)."""
+    with _starting(f"{command} --dry-run --target {target}", quiet):
+        from ssmlm.train import aot
+
+        work = make_work()
+    if fit:
+        from ssmlm.train.fit import fit_on_target, print_fit
+
+        found = fit_on_target(r, work, target, quiet=quiet or as_json)
+        typer.echo(json.dumps(found, indent=2, default=str)) if as_json else print_fit(found)
+        return
+    report = aot.dry_run_on_target(r, work, target, quiet=quiet or as_json)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        from ssmlm.evaluate.printouts import print_target_report
+
+        print_target_report(report)
+
+
+def _dry_run_extend(r, target: str | None, fit: bool, as_json: bool, quiet: bool) -> None:
+    """extend-length --dry-run: the source run's model at the new length (its plan, or compiled for --target)."""
+    from ssmlm.runs import open_run
+
+    src = open_run(r.train.init_from)
+    model = dataclasses.replace(src.recipe.model, max_seq_length=r.model.max_seq_length)
+    r = dataclasses.replace(r, model=model)
+    if target:
+        return _dry_run_on_target("extend-length", r, lambda: _pretraining_work(r), target, fit, as_json, quiet)
+    with _starting("extend-length --dry-run", quiet):
+        from ssmlm.train.plan import plan
+
+        the_plan = plan(r, "extend-length")
+    print_plan(the_plan)
+
+
+def _dry_run_finetune(r, ckpt: str, num_labels: int, target, fit: bool, as_json: bool, quiet: bool) -> None:
+    """finetune --dry-run: the plan of finetuning the run at ``ckpt``, or its step compiled for --target."""
+    if target:
+        work = lambda: _finetune_work(r, ckpt, num_labels)  # noqa: E731
+        return _dry_run_on_target("finetune", r, work, target, fit, as_json, quiet)
+    with _starting("finetune --dry-run", quiet):
+        from ssmlm.train.plan import plan_finetune
+
+        the_plan = plan_finetune(r, ckpt, num_labels)
+    print_plan(the_plan)
+
+
+def _finetune_work(r, ckpt: str, num_labels: int):
+    """ssmlm.train.aot.Work of finetuning the run at ``ckpt`` on ``r``'s task."""
+    from ssmlm.data.tasks import TASKS
+    from ssmlm.runs import open_run
+    from ssmlm.train import aot
+
+    src = open_run(ckpt)
+    head = TASKS[r.task.name].head if r.task.name in TASKS else "classify"
+    model = dataclasses.replace(src.recipe.model, dropout=r.model.dropout)
+    return aot.finetune_work(r, model, num_labels, head)
+
+
+def _pretraining_work(r):
+    """ssmlm.train.aot.Work of pretraining ``r`` (the vocabulary from the recipe or its tokenizer)."""
+    from ssmlm.train import aot
+    from ssmlm.train.plan import _vocab_size
+
+    return aot.pretraining_work(r, _vocab_size(r))
+
+
 def _starting(command: str, quiet: bool = False, what: str = "loading jax"):
     """A command's start, once its cheap checks passed: its imports (seconds) and opening the run, up to its first
     bar. A spinner with the elapsed time on a terminal, nothing with --quiet; without a terminal a line (and one
@@ -247,6 +349,9 @@ def pretrain(
     quiet: QuietOpt = False,
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
+    target: TargetOpt = None,
+    fit: FitOpt = False,
+    as_json: TargetJsonOpt = False,
 ):
     """Pretrain on the recipe's objective: MLM (encoders) or an objective mixture (language models).
 
@@ -258,10 +363,14 @@ def pretrain(
 
     Example: ssmlm pretrain recipes/bigs_full.yaml
     Example: ssmlm pretrain birdie_gated_ssm
+    Example: ssmlm pretrain birdie_gated_ssm_1b4 --dry-run --target paper
     """
     r = _load(recipe, set_, "default")
     _check_training_options(name, stop_after)
+    _check_target_options(dry_run, target, fit, as_json)
     check_inputs(r)
+    if target:
+        return _dry_run_on_target("pretrain", r, lambda: _pretraining_work(r), target, fit, as_json, quiet)
     if dry_run:
         with _starting("pretrain --dry-run", quiet):
             from ssmlm.train.plan import plan
@@ -283,6 +392,10 @@ def extend_length(
     name: NameOpt = None,
     quiet: QuietOpt = False,
     stop_after: StopOpt = None,
+    dry_run: DryOpt = False,
+    target: TargetOpt = None,
+    fit: FitOpt = False,
+    as_json: TargetJsonOpt = False,
 ):
     """Continue an encoder's MLM training at a longer max_seq_length (language models: not applicable).
 
@@ -297,7 +410,10 @@ def extend_length(
     if not r.train.init_from:
         raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
     checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
+    _check_target_options(dry_run, target, fit, as_json)
     check_inputs(r, tokenizer=False)  # the tokenizer is the source run's
+    if dry_run:
+        return _dry_run_extend(r, target, fit, as_json, quiet)
     src = Path(r.train.init_from)
     run_dir = _run_dir(r, name or f"{src.name}-L{r.model.max_seq_length}")
     _check_run_dir(r, run_dir)
@@ -434,6 +550,9 @@ def finetune(
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
     init: InitOpt = "pretrained",
+    target: TargetOpt = None,
+    fit: FitOpt = False,
+    as_json: TargetJsonOpt = False,
 ):
     """Finetune a pretrained run: an encoder on a task, a language model on prompt/response pairs.
 
@@ -464,6 +583,7 @@ def finetune(
         check_inputs(r)  # the recipe's own corpus and tokenizer give the vocabulary
     if dry_run and not ckpt:
         raise UserError("--dry-run with --init random needs --ckpt RUN (the architecture to plan)")
+    _check_target_options(dry_run, target, fit, as_json)
     seed_list = checks.seeds(seeds) or [None]
     checks.option("--num-labels", num_labels, checks.POSITIVE)
     checks.option("--text-fields", text_fields, TEXT_FIELDS)
@@ -472,11 +592,7 @@ def finetune(
     )
     num_labels = check_lm_task(r, ckpt) if lm else check_encoder_task(r)
     if dry_run:
-        with _starting("finetune --dry-run", quiet):
-            from ssmlm.train.plan import plan_finetune
-
-            the_plan = plan_finetune(r, ckpt, num_labels)
-        return print_plan(the_plan)
+        return _dry_run_finetune(r, ckpt, num_labels, target, fit, as_json, quiet)
     r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
     start = Path(ckpt).name if ckpt else r.name
     base_name = name or f"{start}-{'random-' if init == 'random' else ''}{task_name(r.task)}"
@@ -785,7 +901,24 @@ def recipes():
         typer.echo(f"{stem:24s} {first}")
 
 
+def cpu_only_host() -> bool:
+    """No accelerator device nodes here (NVIDIA, TPU, AMD). jax would still try the accelerator plugins a user
+    installed for `--dry-run --target` (libtpu, the CUDA plugin) and print their failures at the first jax call."""
+    nodes = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/accel0", "/dev/vfio/vfio", "/dev/kfd")
+    tpu_vm = any(os.environ.get(k) for k in ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"))
+    return not tpu_vm and not any(os.path.exists(n) for n in nodes)
+
+
 def main() -> None:
+    if "JAX_PLATFORMS" not in os.environ and cpu_only_host():
+        os.environ["JAX_PLATFORMS"] = "cpu"  # a CPU machine: the CPU backend, without probing the others
+        import importlib.util
+
+        if importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:  # the gpu-aot extra on a CPU machine
+            from ssmlm.targets import native_stderr_quieted
+
+            with native_stderr_quieted():  # its import (jax's) prints "Could not find cuda drivers" three times
+                import jax_plugins.xla_cuda12  # noqa: F401
     try:
         app()
     except SystemExit as e:

@@ -449,7 +449,7 @@ def _tpu_devices(topology: str, host_bounds: tuple[int, ...]) -> tuple:
     # worker, fails with "Internal error when accessing libtpu multi-process lockfile". Read when libtpu loads.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
-        with _native_stderr_quieted():
+        with native_stderr_quieted():
             from jax.experimental.topologies import get_topology_desc
 
             found = get_topology_desc(topology_name=topology, platform="tpu", chips_per_host_bounds=list(host_bounds))
@@ -463,7 +463,7 @@ def _gpu_devices(topology: str, target_config: str) -> tuple:
     plugin = _cuda_plugin_path()
     options = dict(target_config=target_config, topology=topology)
     try:
-        with _native_stderr_quieted():
+        with native_stderr_quieted():
             from jax.experimental.topologies import get_topology_desc  # importing jax loads the plugin's stubs
 
             try:
@@ -501,7 +501,7 @@ def _cuda_c_api(plugin: str):
 
 
 @contextlib.contextmanager
-def _native_stderr_quieted():
+def native_stderr_quieted():
     """Hold back what libtpu and the CUDA plugin print straight to file descriptor 2 while they load on a host
     without their hardware ("could not determine TPU accelerator type", "Could not find cuda drivers"): expected
     here, alarming to a user. Shown after all when loading fails."""

@@ -114,3 +114,69 @@ def print_result(result: dict, title: str, as_json: bool) -> None:
     console = Console()
     for table in result_tables(result, title, console):
         console.print(table)
+
+
+def target_rows(r: dict) -> list[tuple[str, str]]:
+    """A `--dry-run --target` report (ssmlm.train.aot) as (label, text) rows."""
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    m, mesh = r["memory"], r["mesh"]
+    per = "chip" if r["devices"] == r["chips"] else "device (TensorCore)"
+    cores = "" if r["devices"] == r["chips"] else f", {r['devices']} jax devices (one per TensorCore)"
+    rows = [
+        ("target", f"{r['target']}: {r['chips']} × {r['accelerator']} on {r['hosts']} host(s){cores}"),
+        ("mesh", f"data {mesh['data']} × fsdp {mesh['fsdp']} × tensor {mesh['tensor']}"),
+        (
+            "batch",
+            f"{r['batch_size']} × {r['seq_len']}, grad_accum {r['grad_accum']}: {r['micro_batch_per_device']:g} rows "
+            f"per {per} per micro-batch; remat {'on' if r['remat'] else 'off'}",
+        ),
+        ("parameters", f"{r['params']:,} ({r['params'] / 1e6:.1f}M)"),
+    ]
+    if "arguments" in m:
+        rows.append(
+            (
+                f"memory per {per}",
+                f"arguments {gib(m['arguments'])} (parameters, optimizer state, batch), temporaries "
+                f"{gib(m['temporaries'])}, outputs not updated in place {gib(m['outputs'] - m['aliased'])}, "
+                f"code {gib(m['generated_code'])}",
+            )
+        )
+    need = "needs more than the chip has" if m["total"] is None else f"needs {gib(m['total'])}"
+    verdict = (
+        f"fits: {gib(m['total'])} of {gib(m['hbm'])}, {gib(m['hbm'] - m['total'])} free"
+        if m["fits"]
+        else f"does not fit: {need} of {gib(m['hbm'])}"
+    )
+    rows.append(("fit", verdict + (" (XLA refused the program: out of memory)" if "oom_message" in m else "")))
+    rows.append(("compile", f"{r['compile_seconds']:.1f} s on this machine"))
+    rows.append(("FLOPs / step", f"{r['model_flops_per_step']:.3e} (ssmlm's analytic count, ssmlm.models.flops)"))
+    if r["collectives"]:
+        parts = [
+            f"{k} {c['ops']} ops, {c['runs']:,} per step, {gib(c['bytes'])}"
+            for k, c in r["collectives"].items()
+            if c["ops"]
+        ]
+        rows.append((f"collectives per {per}", "; ".join(parts) or "none"))
+    est = r["roofline"]
+    rows.append(
+        (
+            "roofline (estimate)",
+            f"step ≥ {est['step_seconds_at_least'] * 1e3:,.1f} ms ({est['bound_by']}-bound): ≤ "
+            f"{est['tokens_per_second_at_most']:,.0f} tokens/s, MFU ≤ {est['mfu_at_most']:.0%} "
+            "(datasheet peaks, unmeasured)",
+        )
+    )
+    if r.get("paths"):
+        rows.append(("compiled paths", ", ".join(f"{k} {v}" for k, v in r["paths"].items())))
+    return rows
+
+
+def print_target_report(r: dict) -> None:
+    from rich.console import Console
+
+    from ssmlm.evaluate.terminal import titled
+
+    t = titled(f"dry run on {r['target']}: {r['recipe']}", show_header=False)
+    for label, text in target_rows(r):
+        t.add_row(label, text)
+    Console().print(t)

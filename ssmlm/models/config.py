@@ -290,8 +290,10 @@ class LMConfig(ModelConfig):
     scan_impl: Literal["auto", "associative", "sequential"] = "auto"
     # transformer_lm's attention (ssmlm.models.attention): dense (the full masked L × L matrix), blockwise
     # (skips query/key blocks with no allowed pair: other packed samples, the causal future), cudnn
-    # (jax.nn.dot_product_attention's cuDNN kernel, GPU only), auto = cudnn on GPU, else blockwise.
-    attention: Literal["auto", "dense", "blockwise", "cudnn"] = "auto"
+    # (jax.nn.dot_product_attention's cuDNN kernel, GPU only), splash (the Pallas TPU kernel; causal layers only),
+    # auto = for the platform compiled for: blockwise on CPU, cudnn on GPU (with cuDNN), splash on TPU for causal
+    # layers, else dense.
+    attention: Literal["auto", "dense", "blockwise", "cudnn", "splash"] = "auto"
 
 
 # family module -> its config class

@@ -18,9 +18,11 @@ target's abstract ones (ssmlm.targets). XLA's compiler for that platform then gi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from flax import nnx
 
@@ -35,13 +37,23 @@ COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute
 
 @dataclasses.dataclass
 class Work:
-    """What kind of step: the model, its loss and its batch layout (ssmlm.objectives.shapes)."""
+    """What kind of step: the model (its config and builder), its loss and its batch layout
+    (ssmlm.objectives.shapes)."""
 
-    model: object  # abstract (nnx.eval_shape)
-    loss_fn: object
+    cfg: object  # the model's config (ssmlm.models.config)
+    build: Callable  # cfg -> the model (called under nnx.eval_shape: nothing is allocated)
+    loss_fn: Callable
     layout: str
     seq_len: int
     predictions: int | None  # scored positions per row (MLM), for the FLOPs and the batch
+
+    @functools.cached_property
+    def model(self):
+        return nnx.eval_shape(lambda: self.build(self.cfg))
+
+    def with_model(self, **changes) -> Work:
+        """The same work on a model whose config has ``changes`` (e.g. remat=True)."""
+        return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, **changes))
 
 
 def pretraining_work(recipe: Recipe, vocab_size: int) -> Work:
@@ -50,11 +62,15 @@ def pretraining_work(recipe: Recipe, vocab_size: int) -> Work:
     from ssmlm.objectives import objective_class, predictions_per_row
 
     cfg = with_vocab(recipe.model, vocab_size)
-    model = nnx.eval_shape(lambda: build_pretraining_model(cfg, recipe.train.seed))
+    build = functools.partial(_seeded, build_pretraining_model, recipe.train.seed)
     if is_lm(cfg.arch):
-        return Work(model, objective_class("lm").loss, "lm", recipe.seq_len, None)
+        return Work(cfg, build, objective_class("lm").loss, "lm", recipe.seq_len, None)
     preds = predictions_per_row(recipe.objective, recipe.seq_len)
-    return Work(model, objective_class(recipe.objective.kind).loss, "mlm", recipe.seq_len, preds)
+    return Work(cfg, build, objective_class(recipe.objective.kind).loss, "mlm", recipe.seq_len, preds)
+
+
+def _seeded(builder: Callable, seed: int, cfg):
+    return builder(cfg, seed)
 
 
 def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
@@ -68,23 +84,29 @@ def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
         raise UserError(f"train.batch_size = {t.batch_size} is not divisible by train.grad_accum = {t.grad_accum}")
     check_batch(t.batch_size // t.grad_accum, mesh, processes=target.hosts)
     graphdef, params = nnx.split(work.model, nnx.Param)
-    tx = make_optimizer(t, t.steps, params, recipe.model).tx
+    tx = make_optimizer(t, max(t.steps, 1), params, work.cfg).tx  # the schedule's length changes no shape
     batch = batch_shapes(work.layout, t.batch_size, work.seq_len, work.predictions)
     platform = target.accelerator.platform
     return StepSpec(work.loss_fn, tx, graphdef, params, mesh, batch, t.seed, t.grad_accum, platform)
 
 
 def compile_step(spec: StepSpec) -> tuple[object | None, str | None, float]:
-    """(compiled executable or None, XLA's out-of-memory message or None, compile seconds)."""
+    """(compiled executable or None, XLA's out-of-memory message or None, compile seconds). The persistent
+    compilation cache is off meanwhile: a compile-only program written to it cannot be read back."""
+    import jax
+
     start = time.perf_counter()
-    lowered = spec.lower()
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
-        compiled = lowered.compile()
+        compiled = spec.lower().compile()
     except Exception as e:  # XLA's errors are one RuntimeError class; only running out of memory is a result
         message = str(e)
         if "RESOURCE_EXHAUSTED" in message or "exceeds available" in message or "Ran out of memory" in message:
             return None, message, time.perf_counter() - start
         raise UserError(f"XLA could not compile the step: {first_line(message)}") from None
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
     return compiled, None, time.perf_counter() - start
 
 
@@ -220,26 +242,31 @@ def _prod(dims: str) -> int:
 # ---- the roofline
 
 
+def per_device(target: Target) -> float:
+    """The share of a chip one jax device is (1/2 where libtpu counts TensorCores: v3, v4)."""
+    return target.chips / target.num_devices
+
+
 def roofline(target: Target, model_flops: float, remat: bool, memory: dict, comm_bytes: int, tokens: int) -> dict:
     """Lower bounds on the step time (seconds) and so upper bounds on tokens/s and MFU: an estimate from the
     target's datasheet figures (ssmlm.targets), not a measurement. Compute: the step's FLOPs (with remat the
-    forward runs twice: 8 of every 6 model FLOPs) spread evenly at peak; memory: each chip reads and writes its
-    parameters and optimizer state once (the arguments), at full HBM bandwidth; interconnect: each chip's
+    forward runs twice: 8 of every 6 model FLOPs) spread evenly at peak; memory: each device reads and writes its
+    parameters and optimizer state once (the arguments), at full HBM bandwidth; interconnect: each device's
     collective bytes at full bandwidth. The bound assumes all three overlap perfectly."""
-    acc = target.accelerator
-    hardware_flops = model_flops * (8 / 6 if remat else 1.0)
-    bounds = {"compute": hardware_flops / (target.chips * acc.peak_bf16_flops)}
+    acc, share = target.accelerator, per_device(target)
+    peak = target.chips * acc.peak_bf16_flops
+    bounds = {"compute": model_flops * (8 / 6 if remat else 1.0) / peak}
     if memory.get("arguments") is not None:
-        bounds["memory"] = 2 * memory["arguments"] / acc.hbm_bandwidth
-    if target.chips > 1:
-        bounds["interconnect"] = comm_bytes / acc.interconnect_bandwidth
+        bounds["memory"] = 2 * memory["arguments"] / (acc.hbm_bandwidth * share)
+    if target.num_devices > 1:
+        bounds["interconnect"] = comm_bytes / (acc.interconnect_bandwidth * share)
     step = max(bounds.values())
     return {
         "step_seconds_at_least": step,
         "bound_by": max(bounds, key=bounds.get),
         "bounds_seconds": bounds,
         "tokens_per_second_at_most": tokens / step,
-        "mfu_at_most": model_flops / (step * target.chips * acc.peak_bf16_flops),
+        "mfu_at_most": model_flops / (step * peak),
     }
 
 
@@ -253,30 +280,102 @@ def check_on_target(recipe: Recipe, target: Target, work: Work) -> dict:
     spec = step_spec(recipe, work, target)
     compiled, oom, seconds = compile_step(spec)
     acc = target.accelerator
-    memory = memory_of(compiled, oom, acc.hbm_bytes)
-    comm = collectives(compiled.as_text(), target.chips) if compiled is not None else {}
+    memory = memory_of(compiled, oom, int(acc.hbm_bytes * per_device(target)))
+    comm = collectives(compiled.as_text(), target.num_devices) if compiled is not None else {}
     t = recipe.train
     tokens = t.batch_size * work.seq_len
-    model_flops = flops_per_token(work.model, recipe.model, work.seq_len, work.predictions) * tokens
+    model_flops = flops_per_token(work.model, work.cfg, work.seq_len, work.predictions) * tokens
     comm_bytes = sum(c["bytes"] for c in comm.values())
     mesh = dict(spec.mesh.shape)
     return {
         "recipe": recipe.name,
+        "kind": work.layout,
         "target": target.name,
         "topology": target.topology,
         "accelerator": acc.name,
         "chips": target.chips,
+        "devices": target.num_devices,
         "hosts": target.hosts,
         "mesh": mesh,
         "batch_size": t.batch_size,
         "grad_accum": t.grad_accum,
-        "micro_batch_per_chip": t.batch_size // t.grad_accum / (mesh["data"] * mesh["fsdp"]),
-        "remat": bool(recipe.model.remat),
+        "micro_batch_per_device": t.batch_size // t.grad_accum / (mesh["data"] * mesh["fsdp"]),
+        "remat": bool(work.cfg.remat),
         "seq_len": work.seq_len,
         "params": param_counts(work.model)["total"],
         "compile_seconds": round(seconds, 1),
         "memory": memory,
         "model_flops_per_step": model_flops,
         "collectives": comm,
-        "roofline": roofline(target, model_flops, bool(recipe.model.remat), memory, comm_bytes, tokens),
+        "roofline": roofline(target, model_flops, bool(work.cfg.remat), memory, comm_bytes, tokens),
+        "paths": spec.traced(lambda: compiled_paths(work.cfg)),
     }
+
+
+def compiled_paths(cfg) -> dict[str, str]:
+    """What a language model's ``auto`` choices became for the platform compiled for (read in its context): the
+    recurrences' scan, the Transformer's attention (per kind of layer), each with the reason."""
+    from ssmlm.models import is_lm
+    from ssmlm.models.layers import DTYPES
+
+    if not is_lm(cfg.arch):
+        return {}
+    if cfg.arch != "transformer_lm":
+        from ssmlm.models.scan import scan_choice
+
+        return {"scan": "{} ({})".format(*scan_choice(cfg.scan_impl))}
+    from ssmlm.models.attention import attention_choice
+    from ssmlm.models.lm import layer_is_bidirectional
+
+    head = cfg.hidden_size // cfg.num_heads
+    kinds = sorted({layer_is_bidirectional(cfg, i) for i in range(cfg.num_layers)})
+    return {
+        ("attention, prefix-LM layers" if bidir else "attention, causal layers"): "{} ({})".format(
+            *attention_choice(cfg.attention, DTYPES[cfg.compute_dtype], head, bidir)
+        )
+        for bidir in kinds
+    }
+
+
+def resolve_target(text: str, recipe: Recipe) -> Target:
+    """``--target``: a name ssmlm.targets knows, or ``paper``: the hardware the recipe's paper trained on."""
+    from ssmlm.targets import parse_target
+
+    if text == "paper":
+        if not recipe.mesh.paper_target:
+            raise UserError(
+                f"--target paper: recipe {recipe.name} records no paper hardware (mesh.paper_target); name a target"
+            )
+        text = recipe.mesh.paper_target
+    return parse_target(text)
+
+
+def finetune_work(recipe: Recipe, source_model, num_labels: int, head: str) -> Work:
+    """Finetuning a source run's model (``source_model``: its model config): an encoder with the task's ``head``
+    (ssmlm.objectives.tasks.HEADS: classify, span), or a language model on prompt/response rows."""
+    from ssmlm.models import build_pretraining_model, is_lm
+    from ssmlm.objectives import objective_class
+    from ssmlm.objectives.tasks import HEADS
+
+    seq_len = recipe.task.max_seq_length or source_model.max_seq_length
+    seed = recipe.train.seed
+    if is_lm(source_model.arch):
+        build = functools.partial(_seeded, build_pretraining_model, seed)
+        return Work(source_model, build, objective_class("lm").loss, "lm", seq_len, None)
+    if head not in ("classify", "span"):
+        raise UserError(f"--target: a {head} head (multiple choice) is not compiled ahead of time yet")
+    layout = "span" if head == "span" else "regression" if num_labels == 1 else "classification"
+    build = lambda cfg: HEADS[head].build(cfg, num_labels, seed)  # noqa: E731
+    return Work(source_model, build, HEADS[head].loss, layout, seq_len, None)
+
+
+def dry_run_on_target(recipe: Recipe, work: Work, target_text: str, quiet: bool = False) -> dict:
+    """`--dry-run --target`: the report of ``recipe``'s step of ``work`` compiled for the target, each phase
+    shown with a spinner and its elapsed time (a compile takes seconds to minutes on a small CPU machine)."""
+    from ssmlm.progress import activity
+
+    target = resolve_target(target_text, recipe)
+    with activity(f"{target.name}: getting its {target.num_devices} compile-only devices", quiet):
+        devices(target)
+    with activity(f"compiling {recipe.name}'s training step for {target.name} ({target.chips} chips)", quiet):
+        return check_on_target(recipe, target, work)

@@ -101,6 +101,10 @@ class MeshConfig:
     data: int = -1  # -1: every device not used by the other axes
     fsdp: int = 1
     tensor: int = 1
+    # the hardware the recipe's paper trained on, as a target (ssmlm.targets: `--dry-run --target paper` compiles
+    # for it) and in the paper's words with its section
+    paper_target: str = ""
+    paper_hardware: str = ""
 
 
 # mesh.<axis> -> its allowed values

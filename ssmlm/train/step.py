@@ -41,7 +41,6 @@ def make_train_step(
     parameters' shardings. Without that, XLA put the micro-batch axis on the devices: a micro-batch lived on one
     device and the accumulated step needed more memory than the whole batch at once.
     """
-    base_key = jax.random.key(seed)
     p_sh, o_sh, b_sh = shardings if shardings is not None else (None, None, None)
     pin = lambda tree, sh: tree if sh is None else jax.lax.with_sharding_constraint(tree, sh)  # noqa: E731
 
@@ -77,7 +76,7 @@ def make_train_step(
         return jax.tree.map(lambda x: x / total_w, summed)
 
     def train_step(params, opt_state, batch, step):
-        rng = jax.random.fold_in(base_key, step)
+        rng = jax.random.fold_in(jax.random.key(seed), step)  # traced: nothing runs before the step is compiled
         if grad_accum == 1:
             (loss, aux), grads = grads_of(params, batch, rng)
         else:
