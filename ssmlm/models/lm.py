@@ -21,8 +21,19 @@ declares each arch once in ``ARCHS`` (arch -> LMBlock: the block class, its name
 count, its FLOPs, its parameters kept out of weight decay, its bidirectional layers) and re-exports the shared
 family interface below (``Config``, ``mixing_flops``, ``param_rules``), so one block's module never needs another's.
 
-Blocks run in a Python loop: ``cfg.scan_layers`` is not used by the LMs yet (correctness first). Dropout is
-applied to the embeddings only. The tied head is Embedᵀ without v1's 1/√d logit scale.
+``cfg.scan_layers`` (ssmlm.models.config.layers_scanned: auto scans from SCAN_LAYERS_FROM blocks on, as the
+encoders do) runs the blocks under one ``jax.lax.scan``, so tracing and compiling a step no longer grow with the
+depth (benchmarks/lm_scan_compile.py). The blocks are not all alike: a layer's bidirectional flag is a static attribute
+of its block, and with ``alternate`` the recurrences' flags repeat every 2 layers. So the scan runs over groups of
+p consecutive blocks, p the period of the flags (layer_period: 2 for alternate in the recurrences, else 1):
+``self.blocks`` is then a LayerStack of groups, one group of p blocks whose parameters carry a leading axis of
+num_layers / p (paths ``blocks/block/<j>/…``, member j = 0..p−1; unrolled ``blocks/<i>/…``, block i = row i // p of
+member i mod p; ssmlm.models.layout converts). A depth that is not whole groups (alternate with an odd number of
+layers) keeps the loop. Both layouts compute the same function of the same parameters and initialise alike (the
+stack is built from the unrolled blocks); ``cfg.remat`` rematerialises each block in the loop and each group in
+the scan. Decoding scans the groups too: a scanned model's cache holds, per member j, its cache stacked over the
+groups (``cache["layers"]`` has p entries rather than num_layers; callers treat the cache as opaque). Dropout is
+applied to the embeddings only, so the blocks take no key. The tied head is Embedᵀ without v1's 1/√d logit scale.
 
 Dense layers and RMSNorms come from ssmlm.models.layers, shared with the Transformer LM, so every LM normalises
 the same way: statistics, rsqrt and scale in float32, cast to the compute dtype at the end (flax's nnx.RMSNorm
@@ -38,8 +49,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ssmlm.models.config import FAMILIES, ArchFacts, LMConfig, family
-from ssmlm.models.layers import DTYPES, RMSNorm, dense, dropout, fold, gelu
+from ssmlm.models.config import FAMILIES, ArchFacts, LMConfig, family, layers_scanned
+from ssmlm.models.layers import DTYPES, LayerStack, RMSNorm, dense, dropout, fold, gelu
 from ssmlm.models.lm_context import Context, make_context
 from ssmlm.models.rules import ParamRule, common_rules
 
@@ -79,6 +90,18 @@ def layer_is_bidirectional(cfg: LMConfig, layer: int) -> bool:
     if block_spec(cfg.arch).prefix_every_layer:
         return cfg.bidirectional != "none"
     return cfg.bidirectional == "all" or (cfg.bidirectional == "alternate" and layer % 2 == 0)
+
+
+def layer_period(cfg: LMConfig) -> int:
+    """p, the smallest period of the layers' bidirectional flags: the blocks a scanned model's group holds."""
+    flags = [layer_is_bidirectional(cfg, i) for i in range(cfg.num_layers)]
+    return next(p for p in range(1, len(flags) + 1) if flags[p:] == flags[:-p])
+
+
+def blocks_scanned(cfg: LMConfig) -> bool:
+    """Whether the LM runs its blocks under one scan: model.scan_layers (auto by depth), when the depth is a whole
+    number of groups (else the loop)."""
+    return layers_scanned(cfg) and cfg.num_layers % layer_period(cfg) == 0
 
 
 # ---- layers shared by the blocks ----
@@ -176,6 +199,18 @@ def at_last(h, ctx: Context):
 # ---- the model ----
 
 
+def run_block(graphdef, state, h, ctx: Context):
+    """One block from its graph definition and state: a pure function of arrays (for jax.checkpoint)."""
+    return nnx.merge(graphdef, state)(h, ctx)
+
+
+def run_group(graphdef, state, h, ctx: Context):
+    """A scanned model's group of blocks, in order, from its graph definition and one row of its state."""
+    for block in nnx.merge(graphdef, state):
+        h = block(h, ctx)
+    return h
+
+
 class LanguageModel(nnx.Module):
     def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
         if not cfg.vocab_size:
@@ -191,7 +226,12 @@ class LanguageModel(nnx.Module):
             rngs=rngs,
         )
         cls = block_class(cfg.arch)
-        self.blocks = nnx.List([cls(cfg, layer_is_bidirectional(cfg, i), rngs=rngs) for i in range(cfg.num_layers)])
+        blocks = [cls(cfg, layer_is_bidirectional(cfg, i), rngs=rngs) for i in range(cfg.num_layers)]
+        if blocks_scanned(cfg):  # stacked from the unrolled blocks, so a seed initialises both layouts alike
+            p = layer_period(cfg)
+            self.blocks = LayerStack([nnx.List(blocks[g : g + p]) for g in range(0, len(blocks), p)])
+        else:
+            self.blocks = nnx.List(blocks)
         self.final_norm = rms_norm(cfg, d, rngs)
         self.head = None if cfg.tie_embeddings else linear(cfg, d, cfg.vocab_size, rngs, bias=False)
 
@@ -206,18 +246,49 @@ class LanguageModel(nnx.Module):
         ctx = make_context(tokens, segment_ids, token_types, positions)
         h = self.embeddings(tokens) if embedded is None else embedded.astype(DTYPES[self.cfg.compute_dtype])
         h = dropout(h, self.cfg.dropout, fold(rng, 0))
-        run = lambda graphdef, state, h, ctx: nnx.merge(graphdef, state)(h, ctx)  # noqa: E731
+        scanned = isinstance(self.blocks, LayerStack)
+        run = run_group if scanned else run_block
         if self.cfg.remat:
             run = jax.checkpoint(run, static_argnums=(0,))
-        for block in self.blocks:
-            h = run(*nnx.split(block), h, ctx)
+        if scanned:
+            graphdef, state = nnx.split(self.blocks.block)
+            h, _ = jax.lax.scan(lambda h, s: (run(graphdef, s, h, ctx), None), h, state)
+        else:
+            for block in self.blocks:
+                h = run(*nnx.split(block), h, ctx)
         return self.logits(h)
 
+    def through_blocks(self, h, caches: list, fn: Callable) -> tuple[jax.Array, list]:
+        """h through every block by ``fn(block, h, cache) -> (h, cache)`` (prefill or step), with the blocks'
+        caches (init_cache's ``layers``): in a loop, or scanned over the groups."""
+        if not isinstance(self.blocks, LayerStack):
+            out = []
+            for block, c in zip(self.blocks, caches, strict=True):
+                h, c = fn(block, h, c)
+                out.append(c)
+            return h, out
+        graphdef, state = nnx.split(self.blocks.block)
+
+        def body(h, xs):
+            out = []
+            for block, c in zip(nnx.merge(graphdef, xs[0]), xs[1], strict=True):
+                h, c = fn(block, h, c)
+                out.append(c)
+            return h, out
+
+        return jax.lax.scan(body, h, (state, caches))
+
     def init_cache(self, batch: int, max_len: int) -> dict:
-        return {
-            "pos": jnp.zeros((batch,), jnp.int32),
-            "layers": [block.init_cache(batch, max_len) for block in self.blocks],
-        }
+        """The decoding cache: ``pos`` (B,) and ``layers``, one cache per block (unrolled), or per member of the
+        group with a leading group axis (scanned)."""
+        if isinstance(self.blocks, LayerStack):
+            graphdef, state = nnx.split(self.blocks.block)
+            # vmap over the groups' parameters gives each member's cache its leading group axis
+            per_group = lambda s: [b.init_cache(batch, max_len) for b in nnx.merge(graphdef, s)]  # noqa: E731
+            layers = jax.vmap(per_group)(state)
+        else:
+            layers = [block.init_cache(batch, max_len) for block in self.blocks]
+        return {"pos": jnp.zeros((batch,), jnp.int32), "layers": layers}
 
     def prefill(self, tokens, token_types, cache: dict, segment_ids=None) -> tuple[jax.Array, dict]:
         """A prompt (B, L) (one sample per row; token_types 1 on its prefix, 3 after) -> its logits (B, L, V) and
@@ -226,21 +297,13 @@ class LanguageModel(nnx.Module):
         prefill, and the padding changes nothing before it (every block is causal past the prefix, the
         recurrences' state and the convolutions' tail are taken at the last real token, no key is a padding one)."""
         ctx: Context = make_context(tokens, segment_ids, token_types)
-        h = self.embeddings(tokens)
-        layers = []
-        for block, c in zip(self.blocks, cache["layers"], strict=True):
-            h, c = block.prefill(h, ctx, c)
-            layers.append(c)
+        h, layers = self.through_blocks(self.embeddings(tokens), cache["layers"], lambda b, h, c: b.prefill(h, ctx, c))
         return self.logits(h), {"pos": prompt_lengths(ctx), "layers": layers}
 
     def step(self, tokens, cache: dict) -> tuple[jax.Array, dict]:
         """One causal token per row (B,) -> its logits (B, V) and the advanced cache."""
-        h = self.embeddings(tokens)
         pos = cache["pos"]
-        layers = []
-        for block, c in zip(self.blocks, cache["layers"], strict=True):
-            h, c = block.step(h, c, pos)
-            layers.append(c)
+        h, layers = self.through_blocks(self.embeddings(tokens), cache["layers"], lambda b, h, c: b.step(h, c, pos))
         return self.logits(h), {"pos": pos + 1, "layers": layers}
 
 
