@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -91,22 +93,19 @@ def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
 
 
 def compile_step(spec: StepSpec) -> tuple[object | None, str | None, float]:
-    """(compiled executable or None, XLA's out-of-memory message or None, compile seconds). The persistent
-    compilation cache is off meanwhile: a compile-only program written to it cannot be read back."""
-    import jax
-
+    """(compiled executable or None, XLA's out-of-memory message or None, compile seconds). With jax's persistent
+    compilation cache on, jax stores a compile-only program but cannot load it back (it needs a device client),
+    warns and compiles again: that warning says nothing here and is not shown."""
     start = time.perf_counter()
-    cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
     try:
-        compiled = spec.lower().compile()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Error reading persistent compilation cache entry")
+            compiled = spec.lower().compile()
     except Exception as e:  # XLA's errors are one RuntimeError class; only running out of memory is a result
         message = str(e)
         if "RESOURCE_EXHAUSTED" in message or "exceeds available" in message or "Ran out of memory" in message:
             return None, message, time.perf_counter() - start
         raise UserError(f"XLA could not compile the step: {first_line(message)}") from None
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
     return compiled, None, time.perf_counter() - start
 
 
@@ -195,10 +194,17 @@ def _runs(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
     return runs
 
 
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+
+
 def _group_size(line: str, chips: int) -> int:
-    if m := _GROUPS_IOTA.search(line):
+    """Devices in each group of a collective, from its replica_groups in any of XLA's three spellings."""
+    if m := _GROUPS_MESH.search(line):  # mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: the named axes' sizes
+        sizes = {k.strip("' "): int(v) for k, v in (kv.split("=") for kv in m.group(1).split(","))}
+        return math.prod(sizes[a.strip("' ")] for a in m.group(2).split(",") if a.strip())
+    if m := _GROUPS_IOTA.search(line):  # [groups, size]<=[devices]
         return int(m.group(2))
-    if m := _GROUPS.search(line):
+    if m := _GROUPS.search(line):  # {{0,1,2,3},{4,5,6,7}}
         return len([x for x in m.group(1).split(",") if x])
     return chips
 
@@ -206,7 +212,8 @@ def _group_size(line: str, chips: int) -> int:
 def collectives(hlo: str, chips: int) -> dict[str, dict]:
     """{kind: {ops, runs, bytes}} per chip: ``ops`` in the program text, ``runs`` per step (loops unrolled by
     their trip counts), ``bytes`` each chip sends per step (ring algorithms: an all-gather or reduce-scatter of
-    S bytes over n chips moves S·(n−1)/n, an all-reduce twice that, a permute S)."""
+    S bytes over n chips moves S·(n−1)/n, an all-reduce twice that, a permute S). The TPU compiler writes a
+    reduce-scatter as an all-reduce inside a fusion named all-reduce-scatter: counted as the reduce-scatter it is."""
     comps, entry = _computations(hlo)
     runs = _runs(comps, entry)
     out = {k: {"ops": 0, "runs": 0, "bytes": 0} for k in COLLECTIVES}
@@ -216,13 +223,16 @@ def collectives(hlo: str, chips: int) -> dict[str, dict]:
             if not m or "-done(" in line:
                 continue
             kind, n = m.group(2), _group_size(line, chips)
+            if kind == "all-reduce" and name.startswith("all-reduce-scatter"):
+                kind = "reduce-scatter"  # the TPU compiler's reduce-scatter: an all-reduce fused with its slice
             # the result: the gathered tensor, the scattered shard (an async start's tuple holds its operand and
             # its result, and bookkeeping scalars: the largest is the result)
             sizes = [_BYTES.get(dt, 8) * _prod(dims) for dt, dims in _SHAPE.findall(m.group(1))]
             size = (max(sizes) if "-start(" in line else sum(sizes)) if sizes else 0
             moved = {
                 "all-gather": size * (n - 1) / n,
-                "reduce-scatter": size * (n - 1),
+                # a reduce-scatter op's result is its shard; the fused TPU form's all-reduce has the whole tensor
+                "reduce-scatter": size * (n - 1) / (n if name.startswith("all-reduce-scatter") else 1),
                 "all-reduce": 2 * size * (n - 1) / n,
             }.get(kind, size)
             times = runs.get(name, 0)

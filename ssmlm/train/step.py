@@ -81,6 +81,9 @@ def make_train_step(
             (loss, aux), grads = grads_of(params, batch, rng)
         else:
             loss, aux, grads = accumulated(params, batch, rng)
+        # gradients laid out as their parameters: under fsdp each device then sums only its own shard of every
+        # gradient (a reduce-scatter), where XLA otherwise all-reduced the whole gradient and sliced it later
+        grads = pin(grads, p_sh)
         aux = {k: v for k, v in aux.items() if k != "weight"}
         gnorm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
