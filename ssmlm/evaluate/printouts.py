@@ -141,13 +141,14 @@ def target_rows(r: dict) -> list[tuple[str, str]]:
                 f"code {gib(m['generated_code'])}",
             )
         )
-    need = "needs more than the chip has" if m["total"] is None else f"needs {gib(m['total'])}"
-    verdict = (
-        f"fits: {gib(m['total'])} of {gib(m['hbm'])}, {gib(m['hbm'] - m['total'])} free"
-        if m["fits"]
-        else f"does not fit: {need} of {gib(m['hbm'])}"
-    )
-    rows.append(("fit", verdict + (" (XLA refused the program: out of memory)" if "oom_message" in m else "")))
+    if m["fits"]:
+        verdict = f"fits: {gib(m['total'])} of {gib(m['hbm'])}, {gib(m['hbm'] - m['total'])} free"
+    elif "oom_message" in m:  # the TPU compiler refused it: its message names what the temporaries alone need
+        need = "more than the chip has" if m["total"] is None else f"{gib(m['total'])} for temporaries alone"
+        verdict = f"does not fit: XLA refused the program, it needs {need} ({gib(m['hbm'])} per {per})"
+    else:
+        verdict = f"does not fit: needs {gib(m['total'])} of {gib(m['hbm'])}"
+    rows.append(("fit", verdict))
     rows.append(("compile", f"{r['compile_seconds']:.1f} s on this machine"))
     rows.append(("FLOPs / step", f"{r['model_flops_per_step']:.3e} (ssmlm's analytic count, ssmlm.models.flops)"))
     if r["collectives"]:
