@@ -164,7 +164,7 @@ def target_rows(r: dict) -> list[tuple[str, str]]:
             "roofline (estimate)",
             f"step ≥ {est['step_seconds_at_least'] * 1e3:,.1f} ms ({est['bound_by']}-bound): ≤ "
             f"{est['tokens_per_second_at_most']:,.0f} tokens/s, MFU ≤ {est['mfu_at_most']:.0%} "
-            "(datasheet peaks, unmeasured)",
+            "(datasheet peaks, unmeasured)" + (f"; {est['note']}" if est.get("note") else ""),
         )
     )
     if r.get("paths"):

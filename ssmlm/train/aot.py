@@ -229,10 +229,12 @@ def collectives(hlo: str, chips: int) -> dict[str, dict]:
             # its result, and bookkeeping scalars: the largest is the result)
             sizes = [_BYTES.get(dt, 8) * _prod(dims) for dt, dims in _SHAPE.findall(m.group(1))]
             size = (max(sizes) if "-start(" in line else sum(sizes)) if sizes else 0
+            # a reduce-scatter's result is its shard, but the size taken is the whole tensor where the line shows it:
+            # an async start's operand, the fused TPU form's all-reduce
+            whole = "-start(" in line or name.startswith("all-reduce-scatter")
             moved = {
                 "all-gather": size * (n - 1) / n,
-                # a reduce-scatter op's result is its shard; the fused TPU form's all-reduce has the whole tensor
-                "reduce-scatter": size * (n - 1) / (n if name.startswith("all-reduce-scatter") else 1),
+                "reduce-scatter": size * (n - 1) / (n if whole else 1),
                 "all-reduce": 2 * size * (n - 1) / n,
             }.get(kind, size)
             times = runs.get(name, 0)
@@ -271,7 +273,11 @@ def roofline(target: Target, model_flops: float, remat: bool, memory: dict, comm
     if target.num_devices > 1:
         bounds["interconnect"] = comm_bytes / (acc.interconnect_bandwidth * share)
     step = max(bounds.values())
+    note = None
+    if acc.platform == "gpu" and target.hosts > 1:
+        note = "NVLink figures for every collective: traffic between hosts runs on the network, slower"
     return {
+        "note": note,
         "step_seconds_at_least": step,
         "bound_by": max(bounds, key=bounds.get),
         "bounds_seconds": bounds,

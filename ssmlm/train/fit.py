@@ -53,15 +53,19 @@ def accums(batch_size: int, ways: int) -> list[int]:
     return [g for g in range(1, batch_size + 1) if batch_size % g == 0 and (batch_size // g) % ways == 0]
 
 
-def meshes(recipe: Recipe, chips: int) -> list[tuple[int, int, int]]:
-    """The recipe's own mesh on ``chips`` and the fully sharded one (fsdp over every chip)."""
+def meshes(recipe: Recipe, chips: int, hosts: int = 1) -> list[tuple[int, int, int]]:
+    """The recipe's own mesh on ``chips``, parameters sharded within each host and replicated across hosts (fsdp
+    over the fast links, data parallel over the network: with several hosts), and fully sharded over every chip.
+    A dimension that the fsdp size does not divide stays whole (ssmlm.train.mesh): d 2048 splits over 4 GPUs,
+    not over 20."""
     m = recipe.mesh
     sizes = [m.data, m.fsdp, m.tensor]
     if sizes.count(-1) == 1:
         known = math.prod(s for s in sizes if s != -1)
         sizes[sizes.index(-1)] = chips // known if chips % known == 0 else 0
     own = tuple(sizes) if math.prod(sizes) == chips else None
-    return list(dict.fromkeys(x for x in (own, (1, chips, 1)) if x is not None))
+    per_host = (hosts, chips // hosts, 1) if hosts > 1 and chips % hosts == 0 else None
+    return list(dict.fromkeys(x for x in (own, per_host, (1, chips, 1)) if x is not None))
 
 
 class Search:
@@ -150,11 +154,11 @@ def fit_on_target(recipe: Recipe, work: Work, target_text: str, quiet: bool = Fa
     target = resolve_target(target_text, recipe)
     devices(target)
     b = recipe.train.batch_size
-    if not any(accums(b, m[0] * m[1]) for m in meshes(recipe, target.num_devices)):
+    if not any(accums(b, m[0] * m[1]) for m in meshes(recipe, target.num_devices, target.hosts)):
         raise UserError(batch_advice(b, target))
     search = Search(recipe, work, target, quiet)
     candidates = []
-    for mesh in meshes(recipe, target.num_devices):
+    for mesh in meshes(recipe, target.num_devices, target.hosts):
         values = accums(b, mesh[0] * mesh[1])
         if not values:
             continue

@@ -60,19 +60,23 @@ def make_train_step(
     def accumulated(params, batch, rng):
         micro = micro_batches(batch)
 
-        def weighted(i):
+        def weighted(p, i):
             # Each micro-batch's loss is a mean over its own tokens; weighting by the token count
             # makes the accumulated update equal to the whole batch's.
-            (loss, aux), grads = grads_of(params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))
+            (loss, aux), grads = grads_of(p, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))
             w = aux.get("weight", 1.0)
             loss, aux, grads = jax.tree.map(lambda x: x * w, (loss, aux, grads))
             return w, (loss, aux, pin(grads, p_sh))
 
         def one(acc, i):
-            total_w, (loss, aux, grads) = jax.tree.map(jnp.add, acc, weighted(i))
+            # the barrier makes micro-batch i wait for the sum so far: XLA may not run two micro-batches at once
+            # (it did with a loop of one or two trips, which it unrolls, and then held both at once)
+            p, acc = jax.lax.optimization_barrier((params, acc))
+            total_w, (loss, aux, grads) = jax.tree.map(jnp.add, acc, weighted(p, i))
             return (total_w, (loss, aux, pin(grads, p_sh))), None
 
-        (total_w, summed), _ = jax.lax.scan(one, weighted(0), jnp.arange(1, grad_accum))
+        zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(weighted, params, 0))
+        (total_w, summed), _ = jax.lax.scan(one, zero, jnp.arange(grad_accum))
         return jax.tree.map(lambda x: x / total_w, summed)
 
     def train_step(params, opt_state, batch, step):
