@@ -5,6 +5,8 @@ FLOPs at peak, HBM traffic at full bandwidth, collectives at full interconnect b
 script runs the same step (ssmlm.train.step.StepSpec, the run's own) on the device at hand and prints what it
 really takes, so the estimates can be read against a measurement:
 
+- ``gated_ssm_1b4_full``: birdie_gated_ssm_1b4 whole (48 blocks under the layer scan, 1.39B parameters), a batch of
+  ``--full-rows`` × 2,048 tokens: its memory beside what `--dry-run --target h100-80gb` computed on a CPU machine;
 - ``gated_ssm_1b4``: birdie_gated_ssm_1b4 with 1 of its 48 blocks (d 2048, state 2560, vocab 32,000), a batch of
   ``--rows`` × 2,048 tokens: one block of the 1.4B model and its embeddings and head;
 - ``transformer_1b4``: birdie_transformer_1b4 likewise (1 block);
@@ -45,15 +47,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from paired import compare, machine_line  # noqa: E402
 
 CASES = {
+    "gated_ssm_1b4_full": ("birdie_gated_ssm_1b4", []),  # all 48 blocks (scanned), --full-rows rows
     "gated_ssm_1b4": ("birdie_gated_ssm_1b4", ["model.num_layers=1"]),
     "transformer_1b4": ("birdie_transformer_1b4", ["model.num_layers=1"]),
     "default": ("default", []),
 }
 
 
-def case_recipe(name: str, rows: int):
+def case_recipe(name: str, rows: int, full_rows: int):
     ref, sets = CASES[name]
-    sets = [*sets, "train.grad_accum=1"] + ([f"train.batch_size={rows}"] if name != "default" else [])
+    batch = {"default": [], "gated_ssm_1b4_full": [f"train.batch_size={full_rows}"]}
+    sets = [*sets, "train.grad_accum=1", "mesh.data=-1", *batch.get(name, [f"train.batch_size={rows}"])]
     return load_recipe(ref, sets)
 
 
@@ -82,13 +86,13 @@ def batch_arrays(layout: str, b: int, length: int, vocab: int, predictions: int 
     return Batch(tokens, ones, positions, targets, weights, target_positions=slots)
 
 
-def build_case(name: str, rows: int) -> dict:
+def build_case(name: str, rows: int, full_rows: int) -> dict:
     """The case's step on this machine's devices: compiled ahead of time (its memory), then placed for running."""
     from ssmlm.objectives import objective_class, predictions_per_row
     from ssmlm.objectives.shapes import batch_shapes
     from ssmlm.train.plan import _vocab_size
 
-    r = case_recipe(name, rows)
+    r = case_recipe(name, rows, full_rows)
     cfg = dataclasses.replace(r.model, vocab_size=_vocab_size(r))
     lm = r.objective.kind == "lm"
     preds = None if lm else predictions_per_row(r.objective, r.seq_len)
@@ -124,6 +128,7 @@ def build_case(name: str, rows: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=16, help="rows of 2,048 tokens per step for the 1b4 cases")
+    ap.add_argument("--full-rows", type=int, default=2, help="rows of 2,048 tokens per step for the 48-block case")
     ap.add_argument("--only", default=",".join(CASES), help="cases, comma-separated: " + ", ".join(CASES))
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--json", help="also write the rows to this file")
@@ -133,7 +138,7 @@ def main() -> None:
     cases = {}
     for name in args.only.split(","):
         print(f"compiling {name} ...", flush=True)
-        cases[name] = build_case(name, args.rows)
+        cases[name] = build_case(name, args.rows, args.full_rows)
         print(f"  {cases[name]['compile_s']:.1f} s", flush=True)
     result = compare({n: c["step"] for n, c in cases.items()}, reference=next(iter(cases)), rounds=args.rounds)
     rows = []
@@ -163,6 +168,9 @@ def main() -> None:
             )
         rows.append(row)
         print(json.dumps(row), flush=True)
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:  # all cases together: at least the largest case's real peak
+        print(f"peak device memory in use: {stats['peak_bytes_in_use'] / 2**30:.2f} GiB", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine_line(), "device": jax.devices()[0].device_kind,
                                                "rows": rows}, indent=2))  # fmt: skip

@@ -6,7 +6,8 @@ The settings searched: the mesh (the recipe's own, and parameters fully sharded 
 values that keep every micro-batch divisible over the batch axes. Memory falls as grad_accum grows (a micro-batch's
 activations shrink; parameters, optimizer state and gradients stay), so per mesh and remat the smallest grad_accum
 that fits is wanted: after two compiles the search fits memory(g) = fixed + per_rows / g to them, compiles the
-predicted smallest fitting g and walks from there. Every setting is compiled for real (ssmlm.train.aot) and compiled
+predicted smallest fitting g and walks from there. The meshes are tried in turn until one fits at the compute bound
+(no other layout can then raise the estimate). Every setting is compiled for real (ssmlm.train.aot) and compiled
 once; the search stops after MAX_COMPILES. Among the settings that fit, the best roofline tokens/s wins (ties: the
 smaller grad_accum, then no remat).
 """
@@ -167,6 +168,8 @@ def fit_on_target(recipe: Recipe, work: Work, target_text: str, quiet: bool = Fa
             if found is not None:
                 candidates.append(found)
                 break  # remat only where the step does not fit without it
+        if candidates and search.reports[candidates[-1]]["roofline"]["bound_by"] == "compute":
+            break  # already at the compute bound: no other mesh can raise the estimate
     tried = [{"setting": s.label(), "fits": r["memory"]["fits"], "memory": r["memory"]["total"]} for s, r in
              search.reports.items()]  # fmt: skip
     out = {"recipe": recipe.name, "target": target.name, "tried": tried, "compile_budget_spent": search.exhausted}
