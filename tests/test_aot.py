@@ -216,3 +216,21 @@ def test_cli_batch_that_does_not_split():
     out = CliRunner().invoke(app, ["pretrain", "lm_tiny", "--dry-run", "--target", "v5e:2x2", "--set",
                                    "train.batch_size=6", "--set", "mesh.fsdp=-1", "--set", "mesh.data=1"])  # fmt: skip
     assert out.exit_code == 2 and "train.batch_size = 6" in out.output, out.output
+
+
+@needs_cuda
+def test_finetune_and_extend_length_compile_for_a_target(tiny_encoder, tiny_lm):
+    """finetune (an encoder's classification head, a language model's prompt rows) and extend-length (the source's
+    model at the new length) compile their own steps for a target too."""
+
+    def report(*args):
+        out = CliRunner().invoke(app, [*args, "--dry-run", "--target", "h100-80gb", "--json", "-q"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output[out.output.index("{") :])
+
+    clf = report("finetune", "--ckpt", str(tiny_encoder), "--task", "builtin-order")
+    assert clf["kind"] == "classification" and clf["memory"]["fits"]
+    lm = report("finetune", "--ckpt", str(tiny_lm), "--task", "phonebook", "--recipe", "phonebook_tiny")
+    assert lm["kind"] == "lm" and lm["memory"]["fits"]
+    ext = report("extend-length", "default_extend", "--from", str(tiny_encoder))
+    assert ext["kind"] == "mlm" and ext["seq_len"] == load_recipe("default_extend").model.max_seq_length

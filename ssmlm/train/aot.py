@@ -84,7 +84,7 @@ def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
     mesh = make_mesh(recipe.mesh, devices(target))
     if t.batch_size % t.grad_accum:
         raise UserError(f"train.batch_size = {t.batch_size} is not divisible by train.grad_accum = {t.grad_accum}")
-    check_batch(t.batch_size // t.grad_accum, mesh, processes=target.hosts)
+    check_batch(t.batch_size, mesh, processes=target.hosts, grad_accum=t.grad_accum)
     graphdef, params = nnx.split(work.model, nnx.Param)
     tx = make_optimizer(t, max(t.steps, 1), params, work.cfg).tx  # the schedule's length changes no shape
     batch = batch_shapes(work.layout, t.batch_size, work.seq_len, work.predictions)

@@ -49,7 +49,7 @@ NEEDS_SOURCE = {
 
 def check_layout(recipe: Recipe) -> None:
     """The batch splits over this machine's devices as the mesh asks (known only once jax sees the devices)."""
-    check_batch(recipe.train.batch_size // recipe.train.grad_accum, make_mesh(recipe.mesh))
+    check_batch(recipe.train.batch_size, make_mesh(recipe.mesh), grad_accum=recipe.train.grad_accum)
 
 
 def source_run(recipe: Recipe, kind: str, init: str = "pretrained", quiet: bool = False) -> Run | None:

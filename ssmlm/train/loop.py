@@ -249,7 +249,7 @@ def _place(model: nnx.Module, tx: optax.GradientTransformation, recipe: Recipe):
     this machine's devices (the shardings are ssmlm.train.step's, which `--dry-run --target` compiles with)."""
     cfg = recipe.train
     mesh = make_mesh(recipe.mesh)
-    check_batch(cfg.batch_size // cfg.grad_accum, mesh)
+    check_batch(cfg.batch_size, mesh, grad_accum=cfg.grad_accum)
     graphdef, params = nnx.split(model, nnx.Param)
     p_sh, o_sh, b_sh = step_shardings(params, tx, mesh)
     params = jax.device_put(params, p_sh)

@@ -101,14 +101,19 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def check_batch(batch_size: int, mesh: Mesh, processes: int | None = None) -> None:
-    """The batch splits over the mesh's batch axes and over the ``processes`` (default: this run's) that feed it."""
+def check_batch(batch_size: int, mesh: Mesh, processes: int | None = None, grad_accum: int = 1) -> None:
+    """Each micro-batch (``batch_size`` / ``grad_accum`` rows) splits over the mesh's batch axes and over the
+    ``processes`` (default: this run's) that feed it."""
     ways = mesh.shape["data"] * mesh.shape["fsdp"]
     processes = jax.process_count() if processes is None else processes
-    if batch_size % ways:
-        raise UserError(f"train.batch_size = {batch_size} must be divisible by the mesh's data x fsdp = {ways}")
-    if batch_size % processes:
-        raise UserError(f"train.batch_size = {batch_size} must be divisible by the {processes} processes")
+    rows = batch_size // grad_accum
+    what = f"train.batch_size = {batch_size}" + (
+        f" / train.grad_accum = {grad_accum} = {rows} rows" if grad_accum > 1 else ""
+    )
+    if rows % ways:
+        raise UserError(f"{what} must be divisible by the mesh's data x fsdp = {ways}")
+    if rows % processes:
+        raise UserError(f"{what} must be divisible by the {processes} processes")
 
 
 def put_batch(local, sharding: NamedSharding):
