@@ -103,6 +103,8 @@ def attention_choice(impl: str, dtype, head_size: int, bidirectional: bool) -> t
     if target == "tpu":
         if bidirectional:
             return "dense", "auto for tpu, prefix-LM layer: splash's masks are static, the prefix is not"
+        if jax.sharding.get_abstract_mesh().empty and jax.device_count() > 1:
+            return "dense", "auto for tpu, no mesh in context to run splash per device on"  # e.g. decoding
         return "splash", "auto for tpu, causal layer"
     if target != "gpu":
         return "dense", f"auto for {target}"

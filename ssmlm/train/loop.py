@@ -293,7 +293,7 @@ def _default_hooks(ctx: RunContext, bar, task, ctrl_c: CtrlC | None = None) -> l
     """The loop's own behaviours, in the order they run after every step (see ssmlm.train.hooks)."""
     stage = ctx.stage
     eval_step = make_eval_step(stage.eval_fn, ctx.graphdef) if stage.eval_fn is not None else None  # compiled once
-    evaluate = lambda params: _evaluate(stage, params, eval_step)  # noqa: E731
+    evaluate = lambda params: _evaluate(stage, params, eval_step, ctx.shardings[2].mesh)  # noqa: E731
     progress = Progress(ctx, bar, task)
     return [
         MetricsLogger(ctx, stage_flops(stage, ctx.recipe), peak_flops_per_second(ctx.cfg.peak_flops)),
@@ -304,11 +304,13 @@ def _default_hooks(ctx: RunContext, bar, task, ctrl_c: CtrlC | None = None) -> l
     ]
 
 
-def _evaluate(stage: Stage, params, eval_step) -> dict[str, float]:
-    """The stage's evaluation of ``params`` through the one evaluation loop, with the run's compiled step."""
+def _evaluate(stage: Stage, params, eval_step, mesh) -> dict[str, float]:
+    """The stage's evaluation of ``params`` through the one evaluation loop, with the run's compiled step (traced
+    under the run's mesh: a kernel that runs per device, splash attention on a TPU, needs it)."""
     if eval_step is None or stage.eval_data is None:
         return {}
-    return run_eval(stage.eval_fn, params, stage.eval_data, stage.score, eval_step=eval_step)
+    with jax.set_mesh(mesh):
+        return run_eval(stage.eval_fn, params, stage.eval_data, stage.score, eval_step=eval_step)
 
 
 def _trackers(ctx: RunContext, state: TrainState) -> list:
@@ -328,7 +330,8 @@ def _train_one(ctx: RunContext, state: TrainState, prefetch: Prefetcher, train_s
     host_batch = prefetch.next(state.step)
     state.tokens = real_tokens(host_batch)
     batch = put_batch(host_batch, ctx.shardings[2])
-    state.params, state.opt_state, state.outputs = train_step(state.params, state.opt_state, batch, state.step)
+    with jax.set_mesh(ctx.shardings[2].mesh):  # traced under the run's mesh, as `--dry-run --target` compiles it
+        state.params, state.opt_state, state.outputs = train_step(state.params, state.opt_state, batch, state.step)
     state.step += 1
     if state.control is not None:
         state.control.advance(state.step)
