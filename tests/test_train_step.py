@@ -38,3 +38,25 @@ def test_non_finite_step_changes_nothing():
     ]
     assert all(changed)
     assert int(jax.tree.leaves(o2)[0]) == 1  # adam's count moved on
+
+
+def test_accumulation_equals_the_whole_batch_and_keeps_bfloat16_parameters():
+    """grad_accum 2 gives the whole batch's update (micro-batch i: every other row); bfloat16 parameters stay
+    bfloat16 (the gradients are summed in float32 and cast back: before, the optimizer state changed dtype and
+    the step did not compile)."""
+
+    def mse(model, batch, rng):
+        return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {}
+
+    x = jax.random.normal(jax.random.key(1), (8, 3))
+    batch = {"x": x, "y": jnp.sin(x[:, :2])}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        graphdef, params = nnx.split(nnx.Linear(3, 2, param_dtype=dtype, rngs=nnx.Rngs(0)), nnx.Param)
+        tx = optax.adam(0.1)  # its moments take the parameters' dtype
+        copy = lambda t: jax.tree.map(jnp.array, t)  # noqa: E731 (the step donates its inputs)
+        whole = make_train_step(mse, tx, graphdef, seed=0)(copy(params), tx.init(params), batch, 0)[0]
+        accum = make_train_step(mse, tx, graphdef, seed=0, grad_accum=2)(copy(params), tx.init(params), batch, 0)[0]
+        for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(accum), strict=True):
+            assert a.dtype == b.dtype == dtype
+            tol = 1e-6 if dtype == jnp.float32 else 1e-2
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)

@@ -92,7 +92,7 @@ def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
     return StepSpec(work.loss_fn, tx, graphdef, params, mesh, batch, t.seed, t.grad_accum, platform)
 
 
-def compile_step(spec: StepSpec) -> tuple[object | None, str | None, float]:
+def compile_step(spec: StepSpec, what: str = "the step") -> tuple[object | None, str | None, float]:
     """(compiled executable or None, XLA's out-of-memory message or None, compile seconds). With jax's persistent
     compilation cache on, jax stores a compile-only program but cannot load it back (it needs a device client),
     warns and compiles again: that warning says nothing here and is not shown."""
@@ -105,7 +105,7 @@ def compile_step(spec: StepSpec) -> tuple[object | None, str | None, float]:
         message = str(e)
         if "RESOURCE_EXHAUSTED" in message or "exceeds available" in message or "Ran out of memory" in message:
             return None, message, time.perf_counter() - start
-        raise UserError(f"XLA could not compile the step: {first_line(message)}") from None
+        raise UserError(f"XLA could not compile {what}: {first_line(message)}") from None
     return compiled, None, time.perf_counter() - start
 
 
@@ -294,7 +294,7 @@ def check_on_target(recipe: Recipe, target: Target, work: Work) -> dict:
     from ssmlm.models.flops import flops_per_token, param_counts
 
     spec = step_spec(recipe, work, target)
-    compiled, oom, seconds = compile_step(spec)
+    compiled, oom, seconds = compile_step(spec, f"{recipe.name}'s training step for {target.name}")
     acc = target.accelerator
     memory = memory_of(compiled, oom, int(acc.hbm_bytes * per_device(target)))
     comm = collectives(compiled.as_text(), target.num_devices) if compiled is not None else {}

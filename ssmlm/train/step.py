@@ -65,6 +65,7 @@ def make_train_step(
             # makes the accumulated update equal to the whole batch's.
             (loss, aux), grads = grads_of(p, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))
             w = aux.get("weight", 1.0)
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)  # summed in float32 (bf16 parameters)
             loss, aux, grads = jax.tree.map(lambda x: x * w, (loss, aux, grads))
             return w, (loss, aux, pin(grads, p_sh))
 
@@ -76,8 +77,10 @@ def make_train_step(
             return (total_w, (loss, aux, pin(grads, p_sh))), None
 
         zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(weighted, params, 0))
-        (total_w, summed), _ = jax.lax.scan(one, zero, jnp.arange(grad_accum))
-        return jax.tree.map(lambda x: x / total_w, summed)
+        (total_w, (loss, aux, grads)), _ = jax.lax.scan(one, zero, jnp.arange(grad_accum))
+        loss, aux = jax.tree.map(lambda x: x / total_w, (loss, aux))
+        # the mean gradient in each parameter's own dtype, as one batch's would be
+        return loss, aux, jax.tree.map(lambda g, p: (g / total_w).astype(p.dtype), grads, params)
 
     def train_step(params, opt_state, batch, step):
         rng = jax.random.fold_in(jax.random.key(seed), step)  # traced: nothing runs before the step is compiled
