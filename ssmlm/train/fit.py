@@ -184,16 +184,22 @@ def tokens_per_s(report: dict) -> float:
 
 
 def batch_advice(batch_size: int, target: Target) -> str:
-    """One line: the batch does not split over the chips; the nearest batch sizes and chip counts that would."""
-    chips = target.chips
-    below, above = batch_size // chips * chips, -(-batch_size // chips) * chips
-    counts = [n for n in range(1, 4 * chips + 1) if batch_size % n == 0 and n >= chips // 4]
-    near = sorted(counts, key=lambda n: abs(n - chips))[:3]
+    """One line: the batch does not split over the target's devices; the nearest batch sizes that would, and the
+    slices of the same kind whose device count divides it."""
+    n = target.num_devices
+    below, above = batch_size // n * n, -(-batch_size // n) * n
     sizes = " or ".join(str(x) for x in dict.fromkeys(x for x in (below, above) if x))
+    acc = target.accelerator
+    if acc.tpu is not None:  # the slice sizes Cloud offers, by their names
+        unit = acc.tpu.cores_per_chip if acc.tpu.slice_counts_cores else 1
+        per = acc.tpu.devices_per_chip
+        slices = [f"{acc.name}-{c * unit}" for c, _ in acc.tpu.shapes if batch_size % (c * per) == 0]
+    else:  # GPUs: hosts of chips_per_host
+        slices = [f"{acc.name}:{k}" for k in range(1, acc.chips_per_host + 1) if batch_size % k == 0]
+    where = f"; or a slice it divides over: {', '.join(slices[-3:])}" if slices else ""
     return (
-        f"train.batch_size = {batch_size} does not split over {target.name}'s {chips} chips: use a batch of {sizes} "
-        f"(--set train.batch_size=N), or a slice whose chip count divides {batch_size} (e.g. "
-        f"{', '.join(map(str, sorted(near)))} chips)"
+        f"train.batch_size = {batch_size} does not split over {target.name}'s {n} devices: use a batch of {sizes} "
+        f"(--set train.batch_size=N){where}"
     )
 
 
