@@ -26,7 +26,7 @@ from paired import machine_line  # noqa: E402
 
 RECIPES = [
     "bigs_full", "bert_large", "stack_ssm", "gated_att", "bigs_12l",
-    "gmlp_base", "gmlp_large", "gmlp_xlarge", "amlp_base", "amlp_large", "gmlp_depth144",
+    "gmlp_base", "gmlp_large", "gmlp_xlarge", "amlp_large", "gmlp_depth144",
     "birdie_gated_ssm_1b4", "birdie_gated_ssm_plus_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4",
 ]  # fmt: skip
 TARGETS = ["paper", "v5p-8", "v5e-16", "h100-80gb:8"]
@@ -59,7 +59,12 @@ def row_text(recipe: str, target: str, cell: dict, fitted: dict | None) -> str:
     """One markdown row: memory per chip as shipped and fit, the --fit setting, estimated tokens/s and MFU bound
     (of the fitting setting), compile seconds."""
     if "error" in cell:
-        return f"| {recipe} | {target} | – | {cell['error']} | – | – | – | {cell['wall_seconds']:.0f} |"
+        error = str(cell["error"]).removeprefix("error: ")
+        if "records no paper hardware" in error:
+            error = "the paper names no hardware"
+        elif "must be divisible by the mesh" in error:
+            error = f"no: the batch does not split ({error.split(' must')[0]} over the chips)"
+        return f"| {recipe} | {target} | – | {error} | – | – | – | – |"
     m = cell["memory"]
     shipped = f"{gib(m['total'])} / {gib(m['hbm'])}" + ("" if "oom_message" not in m else " (XLA: temporaries)")
     name = cell["target"] if target != "paper" else f"paper: {cell['target']}"
