@@ -26,7 +26,7 @@ from paired import machine_line  # noqa: E402
 
 RECIPES = [
     "bigs_full", "bert_large", "stack_ssm", "gated_att", "bigs_12l",
-    "gmlp_base", "gmlp_large", "gmlp_xlarge", "amlp_large", "gmlp_depth144",
+    "gmlp_base", "gmlp_large", "gmlp_xlarge", "amlp_base", "amlp_large", "gmlp_depth144",
     "birdie_gated_ssm_1b4", "birdie_gated_ssm_plus_1b4", "birdie_hawk_1b4", "birdie_transformer_1b4",
 ]  # fmt: skip
 TARGETS = ["paper", "v5p-8", "v5e-16", "h100-80gb:8"]
