@@ -35,13 +35,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ssmlm.models import build_pretraining_model
 from ssmlm.models.flops import flops_per_token
 from ssmlm.recipe import load_recipe
+from ssmlm.train import aot
 from ssmlm.train.aot import memory_of, roofline
-from ssmlm.train.mesh import make_mesh
-from ssmlm.train.optim import make_optimizer
-from ssmlm.train.step import StepSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paired import compare, machine_line  # noqa: E402
@@ -87,23 +84,17 @@ def batch_arrays(layout: str, b: int, length: int, vocab: int, predictions: int 
 
 
 def build_case(name: str, rows: int, full_rows: int) -> dict:
-    """The case's step on this machine's devices: compiled ahead of time (its memory), then placed for running."""
-    from ssmlm.objectives import objective_class, predictions_per_row
-    from ssmlm.objectives.shapes import batch_shapes
-    from ssmlm.train.plan import _vocab_size
+    """The case's step on this machine's devices (the one `--dry-run --target` compiles, ssmlm.train.aot), with
+    real parameters: compiled ahead of time (its memory), then placed for running."""
+    from ssmlm.train.plan import vocab_size
 
     r = case_recipe(name, rows, full_rows)
-    cfg = dataclasses.replace(r.model, vocab_size=_vocab_size(r))
-    lm = r.objective.kind == "lm"
-    preds = None if lm else predictions_per_row(r.objective, r.seq_len)
-    model = build_pretraining_model(cfg, r.train.seed)  # real parameters: this step runs
-    loss_fn = objective_class(r.objective.kind).loss
-    graphdef, params = nnx.split(model, nnx.Param)
-    tx = make_optimizer(r.train, r.train.steps, params, cfg).tx
-    mesh = make_mesh(r.mesh)
-    layout = "lm" if lm else "mlm"
-    shapes = batch_shapes(layout, r.train.batch_size, r.seq_len, preds)
-    spec = StepSpec(loss_fn, tx, graphdef, params, mesh, shapes, r.train.seed, 1, jax.default_backend())
+    work = aot.pretraining_work(r, vocab_size(r))
+    cfg, preds, layout = work.cfg, work.predictions, work.layout
+    model = work.build(cfg)  # real parameters: this step runs
+    spec = aot.step_spec(r, work, jax.devices(), 1, jax.default_backend())
+    spec = dataclasses.replace(spec, params=nnx.split(model, nnx.Param)[1])
+    params, tx = spec.params, spec.tx
     t0 = time.perf_counter()
     compiled = spec.lower().compile()
     compile_s = time.perf_counter() - t0

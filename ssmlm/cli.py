@@ -218,7 +218,10 @@ def _dry_run_on_target(command: str, r, make_work, target: str, fit: bool, as_js
         from ssmlm.train.fit import fit_on_target, print_fit
 
         found = fit_on_target(r, work, target, quiet=quiet or as_json)
-        typer.echo(json.dumps(found, indent=2, default=str)) if as_json else print_fit(found)
+        if as_json:
+            typer.echo(json.dumps(found, indent=2, default=str))
+        else:
+            print_fit(found)
         return
     report = aot.dry_run_on_target(r, work, target, quiet=quiet or as_json)
     if as_json:
@@ -272,9 +275,9 @@ def _finetune_work(r, ckpt: str, num_labels: int):
 def _pretraining_work(r):
     """ssmlm.train.aot.Work of pretraining ``r`` (the vocabulary from the recipe or its tokenizer)."""
     from ssmlm.train import aot
-    from ssmlm.train.plan import _vocab_size
+    from ssmlm.train.plan import vocab_size
 
-    return aot.pretraining_work(r, _vocab_size(r))
+    return aot.pretraining_work(r, vocab_size(r))
 
 
 def _starting(command: str, quiet: bool = False, what: str = "loading jax"):

@@ -60,7 +60,6 @@ class GpuSpec:
     shared_memory_per_sm: int
     shared_memory_per_block_optin: int
     nvlink_links: int
-    memory_size: int  # what CUDA reports as the device's memory (totalGlobalMem), bytes
     shared_memory_per_block: int = 48 * 1024
     threads_per_block: int = 1024
     threads_per_sm: int = 2048
@@ -242,7 +241,7 @@ _GPUS = (
         interconnect_bandwidth=600e9,
         chips_per_host=16,
         device_kind="NVIDIA A100-SXM4-40GB",
-        gpu=GpuSpec(**_A100, memory_size=42_331_013_120),
+        gpu=GpuSpec(**_A100),
     ),
     # 80 GB HBM2e at 2,039 GB/s.
     Accelerator(
@@ -254,7 +253,7 @@ _GPUS = (
         interconnect_bandwidth=600e9,
         chips_per_host=8,
         device_kind="NVIDIA A100-SXM4-80GB",
-        gpu=GpuSpec(**_A100, memory_size=85_100_068_864),
+        gpu=GpuSpec(**_A100),
     ),
     # H100 SXM: 80 GB HBM3 at 3.35 TB/s, 1,979 / 2 TFLOPS bf16 dense.
     Accelerator(
@@ -266,7 +265,7 @@ _GPUS = (
         interconnect_bandwidth=900e9,
         chips_per_host=8,
         device_kind="NVIDIA H100 80GB HBM3",
-        gpu=GpuSpec(**_HOPPER, memory_size=85_017_493_504),
+        gpu=GpuSpec(**_HOPPER),
     ),
     # H200 SXM: 141 GB HBM3e at 4.8 TB/s, the same GH100 compute as H100 SXM. jax and nvidia-smi call it
     # "NVIDIA H200" (XLA's spec file says "NVIDIA H200 141GB HBM3e").
@@ -279,7 +278,7 @@ _GPUS = (
         interconnect_bandwidth=900e9,
         chips_per_host=8,
         device_kind="NVIDIA H200",
-        gpu=GpuSpec(**_H200, memory_size=150_109_880_320),
+        gpu=GpuSpec(**_H200),
     ),
 )
 
@@ -407,7 +406,7 @@ def gpu_target_config(acc: Accelerator) -> str:
         "memory_bandwidth": int(acc.hbm_bandwidth),
         "l2_cache_size": g.l2_cache_bytes,
         "clock_rate_ghz": g.clock_ghz,
-        "device_memory_size": g.memory_size,
+        "device_memory_size": acc.hbm_bytes,
         "shared_memory_per_block_optin": g.shared_memory_per_block_optin,
         "registers_per_core_limit": g.registers_per_sm,
         "registers_per_block_limit": g.registers_per_block,

@@ -64,31 +64,27 @@ def pretraining_work(recipe: Recipe, vocab_size: int) -> Work:
     from ssmlm.objectives import objective_class, predictions_per_row
 
     cfg = with_vocab(recipe.model, vocab_size)
-    build = functools.partial(_seeded, build_pretraining_model, recipe.train.seed)
+    build = lambda cfg: build_pretraining_model(cfg, recipe.train.seed)  # noqa: E731
     if is_lm(cfg.arch):
         return Work(cfg, build, objective_class("lm").loss, "lm", recipe.seq_len, None)
     preds = predictions_per_row(recipe.objective, recipe.seq_len)
     return Work(cfg, build, objective_class(recipe.objective.kind).loss, "mlm", recipe.seq_len, preds)
 
 
-def _seeded(builder: Callable, seed: int, cfg):
-    return builder(cfg, seed)
-
-
-def step_spec(recipe: Recipe, work: Work, target: Target) -> StepSpec:
-    """The run's step for ``recipe`` over ``target``'s devices (UserError when its batch does not split there)."""
+def step_spec(recipe: Recipe, work: Work, devs: list, hosts: int, platform: str) -> StepSpec:
+    """The run's step for ``recipe`` over ``devs`` (fed by ``hosts`` processes; compiled for ``platform``), with
+    the abstract model's parameters (UserError when its batch does not split there)."""
     from ssmlm.objectives.shapes import batch_shapes
     from ssmlm.train.optim import make_optimizer
 
     t = recipe.train
-    mesh = make_mesh(recipe.mesh, devices(target))
+    mesh = make_mesh(recipe.mesh, devs)
     if t.batch_size % t.grad_accum:
         raise UserError(f"train.batch_size = {t.batch_size} is not divisible by train.grad_accum = {t.grad_accum}")
-    check_batch(t.batch_size, mesh, processes=target.hosts, grad_accum=t.grad_accum)
+    check_batch(t.batch_size, mesh, processes=hosts, grad_accum=t.grad_accum)
     graphdef, params = nnx.split(work.model, nnx.Param)
     tx = make_optimizer(t, max(t.steps, 1), params, work.cfg).tx  # the schedule's length changes no shape
     batch = batch_shapes(work.layout, t.batch_size, work.seq_len, work.predictions)
-    platform = target.accelerator.platform
     return StepSpec(work.loss_fn, tx, graphdef, params, mesh, batch, t.seed, t.grad_accum, platform)
 
 
@@ -293,7 +289,7 @@ def check_on_target(recipe: Recipe, target: Target, work: Work) -> dict:
     """Compile ``recipe``'s training step of ``work`` for ``target`` and report it (module docstring)."""
     from ssmlm.models.flops import flops_per_token, param_counts
 
-    spec = step_spec(recipe, work, target)
+    spec = step_spec(recipe, work, devices(target), target.hosts, target.accelerator.platform)
     compiled, oom, seconds = compile_step(spec, f"{recipe.name}'s training step for {target.name}")
     acc = target.accelerator
     memory = memory_of(compiled, oom, int(acc.hbm_bytes * per_device(target)))
@@ -376,7 +372,7 @@ def finetune_work(recipe: Recipe, source_model, num_labels: int, head: str) -> W
     seq_len = recipe.task.max_seq_length or source_model.max_seq_length
     seed = recipe.train.seed
     if is_lm(source_model.arch):
-        build = functools.partial(_seeded, build_pretraining_model, seed)
+        build = lambda cfg: build_pretraining_model(cfg, seed)  # noqa: E731
         return Work(source_model, build, objective_class("lm").loss, "lm", seq_len, None)
     if head not in ("classify", "span"):
         raise UserError(f"--target: a {head} head (multiple choice) is not compiled ahead of time yet")

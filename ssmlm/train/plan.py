@@ -11,7 +11,8 @@ from ssmlm.objectives import predictions_per_row
 from ssmlm.recipe import Recipe
 
 
-def _vocab_size(recipe: Recipe) -> int:
+def vocab_size(recipe: Recipe) -> int:
+    """The recipe's vocabulary size: the model's, else the tokenizer to be trained's, else its tokenizer file's."""
     if recipe.model.vocab_size:
         return recipe.model.vocab_size
     if recipe.data.tokenizer == "train":
@@ -34,7 +35,7 @@ def _width(cfg) -> str:
 
 def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) -> dict:
     """What a run of ``recipe`` would build and cost. Nothing is allocated, read or written."""
-    cfg = with_vocab(recipe.model, _vocab_size(recipe))
+    cfg = with_vocab(recipe.model, vocab_size(recipe))
     seq_len = recipe.seq_len if kind != "finetune" else (recipe.task.max_seq_length or cfg.max_seq_length)
     if kind == "finetune" and not is_lm(cfg.arch):  # a language model finetunes as itself
         model = abstract(lambda: build_classifier(cfg, num_labels or 2))

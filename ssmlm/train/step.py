@@ -1,12 +1,13 @@
 """What a training step is, apart from where it runs: the model's graph, the loss, the optimizer, the mesh and the
 shardings and shapes of every argument.
 
-One builder serves the run and the ahead-of-time check. ``ssmlm.train.loop`` builds a StepSpec around the real
-model and places its parameters on the machine's devices; `--dry-run --target` (ssmlm.train.fit) builds the same
-StepSpec around an abstract model (``nnx.eval_shape``: nothing allocated) over a named TPU slice's or GPU node's
-devices and compiles it. Both lower ``make_train_step`` under the same mesh, shardings, ``grad_accum``, remat and
-dtypes, and both trace inside ``compiling_for(platform)``, so a model's ``auto`` choices (scan and attention
-paths) follow the platform compiled for, not the host.
+The run and the ahead-of-time check are made of the same pieces. The run (ssmlm.train.loop) takes its
+shardings from ``step_shardings`` and jits ``make_train_step`` with them, traced under the run's mesh on this
+machine's devices. `--dry-run --target` (ssmlm.train.aot) builds a StepSpec of the same pieces around an abstract
+model (``nnx.eval_shape``: nothing allocated) over a named TPU slice's or GPU node's devices and compiles it inside
+``compiling_for(platform)``, so a model's ``auto`` choices (scan and attention paths) follow the platform compiled
+for; in a run that platform is the machine's own. Both see the same mesh, shardings, ``grad_accum``, remat and
+dtypes.
 """
 
 from __future__ import annotations
