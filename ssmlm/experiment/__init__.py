@@ -9,6 +9,8 @@
     stats.py    Student t and percentile-bootstrap intervals, the paired difference to an arm's reference; an
                 interval from fewer than 3 values or with zero spread is marked not estimable
     report.py   results.md / .csv / .json and results.png (error bars)
+    sweep_report.py  a budget sweep's tables (accuracy per budget, the first budget above chance, paired
+                differences), sweep.csv and sweep-EVAL.png (accuracy against pretraining budget)
 
 Every stage is run by the same functions the CLI calls (ssmlm.train.drive, ssmlm.evaluate.run and ssmlm.evaluate.lm,
 the ssmlm.analyze commands), so a run directory of an experiment is one that `ssmlm pretrain|finetune|evaluate|

@@ -1,7 +1,8 @@
 """An experiment's results: per arm n, mean and a 95% interval over seeds, and the paired difference to the
 reference arm (none in a file of one arm); written as OUT/results.md, results.csv, results.json and results.png
 (means with error bars). An interval that is not estimable (ssmlm.experiment.stats.judged) is shown as such, with
-its reason, and drawn without a bar; results.md also lists the warnings the runs recorded."""
+its reason, and drawn without a bar; results.md also lists the warnings the runs recorded. A budget sweep's tables
+and plots per budget are sweep_report.py's."""
 
 from __future__ import annotations
 
@@ -173,17 +174,24 @@ def grid_markdown(res: dict) -> str:
 
 
 def write(res: dict, out: Path) -> dict[str, Path]:
-    """results.md, .csv, .json and .png (and .svg) under ``out``."""
+    """results.md, .csv, .json and .png (and .svg) under ``out``; a budget sweep's (res["sweep"], summarized
+    here unless it was) tables go at the end of results.md, with sweep.csv and sweep-EVAL.png (sweep_report)."""
     from ssmlm.analyze.plots import write_csv
+    from ssmlm.experiment import sweep_report
 
     md = markdown(res)
     if any(a.get("grid") for a in res["arms"].values()):
         md += "\nValidation means per grid point:\n\n" + grid_markdown(res)
+    if res.get("sweep"):
+        res = {**res, "sweep": sweep_report.summarized(res["sweep"])}
+        md += "\n" + sweep_report.sweep_markdown(res["sweep"])
     paths = {"md": out / "results.md", "csv": out / "results.csv", "json": out / "results.json"}
     paths["md"].write_text(md)
     paths["json"].write_text(json.dumps(res, indent=2, default=str))
     write_csv(paths["csv"], COLUMNS, [csv_row(name, a) for name, a in res["arms"].items()])
     paths["png"] = plot(res, out / "results.png")
+    if res.get("sweep"):
+        paths.update(sweep_report.write_sweep(res["sweep"], out))
     return paths
 
 
