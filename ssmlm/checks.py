@@ -57,6 +57,9 @@ __all__ = [
     "above",
     "at_least",
     "option",
+    "checkpoint_step",
+    "checkpoint_steps",
+    "entries",
     "run_dir",
     "seeds",
     "validate",
@@ -283,11 +286,47 @@ def seeds(text: str | None) -> list[int] | None:
     return values
 
 
+def entries(text: str | None) -> tuple[int, int] | None:
+    """``--entries N`` or ``LO-HI``: phone books of N entries, or of LO to HI."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split("-")]
+    if len(parts) <= 2 and all(p.isdigit() for p in parts) and 1 <= int(parts[0]) <= int(parts[-1]):
+        return int(parts[0]), int(parts[-1])
+    raise UserError(f"--entries = {text!r}: expected N or LO-HI with 1 <= LO <= HI, e.g. 4 or 2-8")
+
+
 def run_dir(path: str | Path, opt: str) -> None:
     """A run directory given on the command line exists (checked before the slow imports)."""
     d = Path(path).expanduser()
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{opt} {path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
+
+
+def checkpoint_steps(path: str | Path) -> list[int]:
+    """The steps a run holds checkpoints of, from the directory names alone (RUN/checkpoints/<step>; a save
+    still being written is <step>.orbax-checkpoint-tmp…, a name that is not a number): no jax, no Orbax."""
+    d = Path(path).expanduser() / "checkpoints"
+    if not d.is_dir():
+        return []
+    return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def checkpoint_step(path: str | Path, step: int | None, opt: str) -> None:
+    """A run given with a step to start from holds a checkpoint at that step (checked before the slow imports)."""
+    if step is None:
+        return
+    option(opt, step, POSITIVE)
+    steps = checkpoint_steps(path)
+    if not steps:
+        raise CheckpointError(f"{opt} {step}: {path} has no checkpoints")
+    if step not in steps:
+        have = (
+            f"checkpoints at steps {', '.join(map(str, steps))}"
+            if len(steps) > 1
+            else f"a checkpoint at step {steps[0]}"
+        )
+        raise CheckpointError(f"{opt} {step}: {path} has {have} (pretraining with train.keep_steps keeps others)")
 
 
 # ----------------------------------------------------------------------------- output paths

@@ -413,6 +413,7 @@ def extend_length(
     if not r.train.init_from:
         raise UserError("extend-length needs a pretrained run: pass --from RUN_DIR (or set train.init_from)")
     checks.run_dir(r.train.init_from, "--from" if from_ else "train.init_from")
+    checks.checkpoint_step(r.train.init_from, r.train.init_step, "train.init_step")
     _check_target_options(dry_run, target, fit, as_json)
     check_inputs(r, tokenizer=False)  # the tokenizer is the source run's
     if dry_run:
@@ -511,6 +512,26 @@ InitOpt = Annotated[
     ),
 ]
 INIT = checks.Rule(lambda v: v in ("pretrained", "random"), "pretrained or random")
+StepOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--step",
+        help="Start from the --ckpt run's checkpoint at this step instead of its newest (train.init_step); "
+        "pretraining with train.keep_steps keeps the steps to pick from.",
+    ),
+]
+
+
+def _with_source(r, ckpt: str | None, step: int | None, init: str):
+    """finetune's recipe with its source run (train.init_from) and the step it starts from (--step, else the
+    recipe's train.init_step), a step the run kept: checked on its checkpoint folders, before jax loads."""
+    opt = "--step" if step is not None else "train.init_step"
+    step = r.train.init_step if step is None else step
+    if step is not None and init == "random":
+        raise UserError(f"{opt} {step} picks the weights to load; --init random loads none")
+    if ckpt:
+        checks.checkpoint_step(ckpt, step, opt)
+    return dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt, init_step=step))
 
 
 @app.command()
@@ -553,6 +574,7 @@ def finetune(
     stop_after: StopOpt = None,
     dry_run: DryOpt = False,
     init: InitOpt = "pretrained",
+    step: StepOpt = None,
     target: TargetOpt = None,
     fit: FitOpt = False,
     as_json: TargetJsonOpt = False,
@@ -594,10 +616,10 @@ def finetune(
         r, task, train_file, validation_file, text_fields, label_field, num_labels, data_dir, no_header
     )
     num_labels = check_lm_task(r, ckpt) if lm else check_encoder_task(r)
+    r = _with_source(r, ckpt, step, init)
     if dry_run:
         return _dry_run_finetune(r, ckpt, num_labels, target, fit, as_json, quiet)
-    r = dataclasses.replace(r, train=dataclasses.replace(r.train, init_from=ckpt))
-    start = Path(ckpt).name if ckpt else r.name
+    start = Path(ckpt).name + (f"-step{r.train.init_step}" if r.train.init_step else "") if ckpt else r.name
     base_name = name or f"{start}-{'random-' if init == 'random' else ''}{task_name(r.task)}"
     _check_run_dir(r, _run_dir(r, base_name))
     results = []
@@ -642,6 +664,14 @@ def evaluate(
     limit: Annotated[
         int | None, typer.Option("--limit", help="Language models: score only this many items (books, questions).")
     ] = None,
+    entries: Annotated[
+        str | None,
+        typer.Option(
+            "--entries",
+            help="--task phonebook: books of N (or LO-HI) entries instead of the finetuning books' "
+            "task.phonebook.entries; the default --out is then RUN/eval/phonebook-eN-SPLIT.json.",
+        ),
+    ] = None,
 ):
     """Score a run (encoder or language model); the metrics go to RUN/eval/TASK-SPLIT.json (or --out).
 
@@ -660,6 +690,9 @@ def evaluate(
         if path and not Path(path).expanduser().exists():
             raise UserError(f"{opt} '{path}': no such file or directory")
     checks.option("--limit", limit, checks.POSITIVE)
+    span = checks.entries(entries)
+    if span and task != "phonebook":
+        raise UserError(f"--entries {entries} goes with --task phonebook (the size of its phone books)")
     if out:
         checks.output_file(out, "--out")
     else:
@@ -684,8 +717,9 @@ def evaluate(
             limit=limit,
             submission=Path(submission) if submission else None,
             predictions_file=Path(predictions) if predictions else None,
+            entries=span,
         )
-    write_result(result, Path(out) if out else None, run)
+    write_result(result, Path(out) if out else None, run, entries=span)
 
 
 @app.command()

@@ -31,6 +31,7 @@ class EvalRequest:
     limit: int | None = None
     batch_size: int = 8
     split: str = "validation"
+    entries: tuple[int, int] | None = None  # phone books of this many entries (None: the finetuning books')
 
 
 def evaluate_lm_task(
@@ -41,6 +42,7 @@ def evaluate_lm_task(
     limit: int | None = None,
     batch_size: int = 8,
     split: str = "validation",
+    entries: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     if task.startswith("lm-eval:"):
         return _harness(run, task, data_dir, limit, batch_size)
@@ -52,23 +54,26 @@ def evaluate_lm_task(
 
     with activity(f"loading {run.dir}"):
         gen = load_generator(run.dir)
-    request = EvalRequest(data_dir, validation_file, limit, batch_size, split)
+    request = EvalRequest(data_dir, validation_file, limit, batch_size, split, entries)
     out = function(LM_TASKS[task].evaluation)(run, gen, request)
     return {"run": str(run.dir), "task": task, "split": split, "step": gen.step, **out}
 
 
 def phonebook(run: Run, gen, request: EvalRequest) -> dict:
-    """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed."""
+    """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed;
+    ``request.entries``: of that many entries instead (e.g. larger books than it was finetuned on)."""
     from ssmlm.data.phonebook import phonebook_books
     from ssmlm.evaluate.phonebook import evaluate_phonebook
 
     task = run.recipe.task
     settings = task.phonebook
+    if request.entries is not None:
+        settings = dataclasses.replace(settings, entries=list(request.entries))
     seq_len = task.max_seq_length or run.recipe.model.max_seq_length
     n = request.limit or settings.validation_books
 
     items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED, "drawing books")
-    return evaluate_phonebook(gen, items)
+    return {**evaluate_phonebook(gen, items), "entries": list(settings.entries)}
 
 
 def squad_v2(run: Run, gen, request: EvalRequest) -> dict:

@@ -73,11 +73,21 @@ def print_best_validation(summary: dict) -> None:
     )
 
 
-def write_result(result: dict, path: Path | None, run) -> None:
-    """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default) and print its numeric metrics."""
+def result_name(task: str, split: str, entries: tuple[int, int] | None = None) -> str:
+    """An evaluation's file name in RUN/eval: TASK-SPLIT.json; phone books of a size asked for (``entries``,
+    `evaluate --entries`) TASK-eN-SPLIT.json or TASK-eLO-HI-SPLIT.json, beside the run's own books' result."""
+    if entries is None:
+        return f"{task}-{split}.json"
+    lo, hi = entries
+    return f"{task}-e{lo if lo == hi else f'{lo}-{hi}'}-{split}.json"
+
+
+def write_result(result: dict, path: Path | None, run, entries: tuple[int, int] | None = None) -> None:
+    """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default: see result_name) and print its numeric
+    metrics."""
     from rich.console import Console
 
-    path = path or run.dir / "eval" / f"{result['task']}-{result['split']}.json"
+    path = path or run.dir / "eval" / result_name(result["task"], result["split"], entries)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     from ssmlm.evaluate.terminal import metric_text, titled

@@ -122,7 +122,14 @@ def refuse_other_recipe(run_dir: Path, recipe: Recipe, as_resolved=None) -> None
         r,
         mesh=MeshConfig(),  # a run may move to another device layout
         train=dataclasses.replace(
-            r.train, log_every=0, eval_every=0, checkpoint_every=0, keep_checkpoints=0, out_dir="", trackers=[]
+            r.train,
+            log_every=0,
+            eval_every=0,
+            checkpoint_every=0,
+            keep_checkpoints=0,
+            keep_steps=[],
+            out_dir="",
+            trackers=[],
         ),
     )
     if same(old) != same(recipe):

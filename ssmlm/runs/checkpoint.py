@@ -15,6 +15,7 @@ removed when training starts again, with one line saying so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import shutil
@@ -124,13 +125,27 @@ def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], obj
     raise CheckpointError(f"{run_dir}: no usable checkpoint ({tried})")
 
 
+@dataclasses.dataclass(frozen=True)
+class NewestBesides:
+    """An Orbax preservation policy: every checkpoint at a step of ``kept`` (train.keep_steps), and the newest ``n``
+    of the others (train.keep_checkpoints), so that kept steps take no place in the rotation."""
+
+    n: int
+    kept: frozenset[int] = frozenset()
+
+    def should_preserve(self, checkpoints, *, context=None) -> list[bool]:
+        others = sorted(c.step for c in checkpoints if c.step not in self.kept)
+        newest = set(others[-self.n :]) if self.n > 0 else set()
+        return [c.step in self.kept or c.step in newest for c in checkpoints]
+
+
 class Checkpoints:
-    def __init__(self, run_dir: Path, keep: int = 2, best: str | None = None):
-        """Keep the newest ``keep`` checkpoints, plus the best one by validation metric ``best`` (lower
-        is better for losses and perplexity, higher for everything else)."""
+    def __init__(self, run_dir: Path, keep: int = 2, best: str | None = None, kept_steps=()):
+        """Keep the newest ``keep`` checkpoints besides those at ``kept_steps`` (never deleted), plus the best one
+        by validation metric ``best`` (lower is better for losses and perplexity, higher for everything else)."""
         self.dir = (Path(run_dir) / "checkpoints").resolve()  # Orbax needs absolute paths
         self.best = best
-        policy = cm.LatestN(n=keep)
+        policy = NewestBesides(keep, frozenset(kept_steps))
         if best:
             lower = "loss" in best or "perplexity" in best
             policy = cm.AnyPreservationPolicy(

@@ -52,7 +52,10 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 20
     checkpoint_every: int = 1000
-    keep_checkpoints: int = 2  # the newest N checkpoints are kept
+    keep_checkpoints: int = 2  # the newest N checkpoints are kept (besides those of keep_steps)
+    # steps checkpointed whatever checkpoint_every says and never rotated away, e.g. [200, 400, 800]: one
+    # pretraining run that finetunes start from at several budgets (finetune --step)
+    keep_steps: list[int] = dataclasses.field(default_factory=list)
     keep_best: str | None = None  # also keep the best checkpoint by this validation metric (e.g. mlm_loss, accuracy)
     peak_flops: float | None = None  # device peak FLOP/s for the MFU estimate (known GPUs/TPUs are looked up)
     out_dir: str = "runs"
@@ -60,6 +63,7 @@ class TrainConfig:
     # 'ssmlm[tracking]'), wandb (RUN/wandb/, pip install 'ssmlm[wandb]'; WANDB_MODE=offline logs locally)
     trackers: list[Literal["tensorboard", "wandb"]] = dataclasses.field(default_factory=list)
     init_from: str | None = None  # run directory whose weights start this stage (extend-length, finetune)
+    init_step: int | None = None  # init_from's checkpoint at this step (finetune --step); None: its newest
     position_init: Literal["tile", "random"] = "tile"  # extend-length: how new position rows start
 
 
@@ -88,6 +92,8 @@ TRAIN_RANGES: dict[str, Rule] = {
     "eval_batches": Rule(lambda v: v >= 0, "at least 0 (0 = the whole validation split)"),
     "checkpoint_every": Rule(lambda v: v >= 0, "at least 0 (0 = only at the end)"),
     "keep_checkpoints": POSITIVE,
+    "keep_steps": Rule(lambda v: all(s >= 1 for s in v), "steps of at least 1, e.g. [200, 400]"),
+    "init_step": POSITIVE,
     "peak_flops": above(0),
     "out_dir": NON_EMPTY,
     "trackers": Rule(lambda v: len(set(v)) == len(v), "each tracker at most once, e.g. [tensorboard]"),

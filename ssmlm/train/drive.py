@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from ssmlm.checks import checkpoint_step
 from ssmlm.errors import UserError
 from ssmlm.recipe import Recipe
 from ssmlm.runs import (
@@ -60,10 +61,15 @@ def source_run(recipe: Recipe, kind: str, init: str = "pretrained", quiet: bool 
     if init == "random":
         if kind != "finetune":
             raise UserError(f"init 'random' is for finetune, not {kind}")
+        if recipe.train.init_step is not None:
+            raise UserError(
+                f"train.init_step = {recipe.train.init_step} picks weights to load; init 'random' loads none"
+            )
         source = open_run(recipe.train.init_from) if recipe.train.init_from else recipe_source(recipe, quiet)
         return architecture_only(source)
     if not recipe.train.init_from:
         raise UserError(NEEDS_SOURCE[kind])
+    checkpoint_step(recipe.train.init_from, recipe.train.init_step, "train.init_step")
     return open_run(recipe.train.init_from)
 
 

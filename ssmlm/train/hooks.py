@@ -283,11 +283,11 @@ class _Unnamed:
 
 
 class Checkpointing(Hook):
-    """Checkpoints every train.checkpoint_every steps and, with train.keep_best, after every evaluation (both
-    before the last step); at the end the final one (or, stopped early, the one to resume from), and the one
-    to resume from after a Ctrl-C. A step is saved at most once per invocation (a resumed run's first step
-    counts as saved); each save is announced to the user hooks' on_checkpoint. ``phase`` (Progress.phase) shows
-    the save on the bar, and leaves its time out of the ETA."""
+    """Checkpoints every train.checkpoint_every steps, at each of train.keep_steps and, with train.keep_best, after
+    every evaluation (all before the last step); at the end the final one (or, stopped early, the one to resume
+    from), and the one to resume from after a Ctrl-C. A step is saved at most once per invocation (a resumed run's
+    first step counts as saved); each save is announced to the user hooks' on_checkpoint. ``phase``
+    (Progress.phase) shows the save on the bar, and leaves its time out of the ETA."""
 
     def __init__(self, ctx: RunContext, phase: Callable[[str], AbstractContextManager] | None = None):
         self.ctx = ctx
@@ -295,7 +295,7 @@ class Checkpointing(Hook):
 
     def after_step(self, state: TrainState) -> None:
         cfg = self.ctx.cfg
-        periodic = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
+        periodic = (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or state.step in cfg.keep_steps
         if state.step < self.ctx.total and (periodic or (state.fresh_eval is not None and cfg.keep_best)):
             self.save(state, state.fresh_eval)
 

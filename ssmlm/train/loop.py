@@ -221,7 +221,7 @@ def _setup(stage: Stage, recipe: Recipe, run_dir: Path, quiet: bool) -> tuple[Ru
         first = stage.controller.init_state()
         control = ControllerTimeline(first, first, 0)
     cfg = recipe.train
-    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best)
+    ckpt = Checkpoints(run_dir, keep=cfg.keep_checkpoints, best=cfg.keep_best, kept_steps=cfg.keep_steps)
     manifest = {
         "recipe": recipe.to_dict(),
         "recipe_fingerprint": recipe.fingerprint("model", "data", "objective", "train", "task"),

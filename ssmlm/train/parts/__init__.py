@@ -93,19 +93,21 @@ def recipe_source(recipe: Recipe, quiet: bool) -> Run:
     return architecture_only(Run(data_dir, resolved, {"kind": "pretrain", "data_dir": str(data_dir), "source": None}))
 
 
-def source_weights(model, source: Run, position_init: str = "tile") -> None:
-    """Copy a source run's weights into ``model`` (what matches by name and shape; see train.transplant); a source
-    from ``architecture_only`` leaves the model as it is."""
+def source_weights(model, source: Run, position_init: str = "tile", step: int | None = None) -> int | None:
+    """Copy a source run's weights into ``model`` (what matches by name and shape; see train.transplant), of its
+    checkpoint at ``step`` (train.init_step; None: its newest usable one); a source from ``architecture_only``
+    leaves the model as it is. Returns the step loaded (None: none was)."""
     from ssmlm.models import extend_hook
 
     if source.info.get("weights") is False:
         console.print(f"random initialisation: the architecture of {source.dir}, its weights not loaded")
-        return
+        return None
 
-    src_params, _ = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1])
+    src_params, meta = load_params(source.dir, nnx.split(source.abstract_model(), nnx.Param)[1], step)
     report = transplant(model, src_params, position_init, extend_hook(source.recipe.model.arch))
     counts = ", ".join(f"{n:,} {what}" for what, n in report.items() if n)  # tensors copied / extended / fresh
-    console.print(f"initialised from {source.dir}: tensors {counts}")
+    console.print(f"initialised from {source.dir} (step {meta['step']}): tensors {counts}")
+    return int(meta["step"])
 
 
 def total_steps(train, steps_per_epoch: int) -> int:

@@ -68,8 +68,9 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
     recipe = resolve(recipe, source, meta["vocab_size"])
     objective = objectives.build(recipe.objective, meta["special_ids"], meta["vocab_size"], seq_len, recipe.data.seed)
     model = build_mlm(recipe.model, seed=recipe.train.seed)
+    init_step = None
     if source is not None:
-        source_weights(model, source, recipe.train.position_init)
+        init_step = source_weights(model, source, recipe.train.position_init, recipe.train.init_step)
     t = recipe.train
     rows = Batches(objective.train_examples(TokenRows(data_dir, "train")), t.batch_size, t.seed, process_shard())
     stage = loop.Stage(
@@ -93,6 +94,8 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
         predictions_per_row=objective.predictions,
     )
     info = {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None}
+    if source is not None:
+        info["init_step"] = init_step  # the source's checkpoint loaded
     warnings = recorded(packing_note(meta))  # preprocessed() printed it
     summary = {"fill_rate": meta.get("fill_rate"), "warnings": warnings}
     return Work(recipe, stage, info, data_dir / "tokenizer.json", summary=summary)

@@ -100,7 +100,7 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
             rows=local_rows(t.batch_size),
         )
         model = build_lm(recipe.model, seed=t.seed)
-        source_weights(model, source)
+        init_step = source_weights(model, source, step=recipe.train.init_step)
     if not quiet:
         console.print(
             f"{recipe.task.name}: {len(train):,} training pairs in {objective.steps_per_epoch:,} steps "
@@ -121,6 +121,7 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
     info = {
         "kind": "finetune",
         "source": str(source.dir),
+        "init_step": init_step,  # the source's checkpoint loaded (None: no weights, init random)
         "task": recipe.task.name,
         "head": "lm",
         "metrics": ["exact_match", "loss", "token_accuracy"],

@@ -71,7 +71,7 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
     recipe = resolve(recipe, source, prep)
     head = HEADS[td.head]
     model = head.build(recipe.model, td.num_labels, recipe.train.seed)
-    source_weights(model, source)
+    init_step = source_weights(model, source, step=recipe.train.init_step)
     arrays = prep.arrays
     t = recipe.train
     rows = Batches(ArrayTable(arrays["train"]), t.batch_size, t.seed, process_shard())
@@ -91,6 +91,7 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
     info = {
         "kind": "finetune",
         "source": str(source.dir),
+        "init_step": init_step,  # the source's checkpoint loaded (None: no weights, init random)
         "task": td.name,
         "head": td.head,
         "num_labels": td.num_labels,
