@@ -18,7 +18,13 @@ Parts (--only, comma-separated):
           betas, eps and decay as ssmlm's step (train defaults, no clipping, SSM multiplier 1).
           The loss is each code's own: the official train step (pretrain.py) computes the logits at every
           position and weights the masked ones; ssmlm gathers the masked positions (15%) before its MLM head.
-          That is a design difference of ssmlm, kept: it is part of what its step costs.
+          That is a design difference of ssmlm, kept by default: it is part of what its step costs. At d 256
+          the vocabulary projection dominates the step, so it also hides how the bodies compare:
+          --peer-head masked runs the official model's own body (s4_bert), gathers the masked positions as
+          ssmlm does, and applies the official model's own MLM head (cls: transform, tied decoder, bias) to
+          those only, through linen's apply(method=...) on the official module (nothing re-implemented), with
+          the same loss on the gathered targets. --peer-head all,masked times both official steps against
+          ssmlm in the same interleaved rounds, one ratio column per official step.
   bert    ssmlm BERT (post-LN, stack_norm: post, final_norm: false, as HuggingFace's) vs HuggingFace
           transformers' FlaxBertForMaskedLM at the same shape (heads d/64, FFN 4d, dropout 0.1 on hidden
           states and attention probabilities, exact GELU), the loss of transformers' run_mlm_flax.py (logits
@@ -36,7 +42,13 @@ The peers live outside ssmlm's venv: run this with an interpreter that has both 
 
     /tmp/peervenv/bin/python benchmarks/throughput.py                       # bigs + bert, d=256, L 128, 512
     ... throughput.py --lengths 128,512,1024,4096 --hidden 256 --layers 4
+    ... throughput.py --only bigs --peer-head all,masked --lengths 128,512,1024,4096
     ... throughput.py --only family --hidden 128 --lengths 128,512,1024,4096
+
+or with ssmlm's venv and transformers installed apart (pip install --target /tmp/peerlib transformers==4.57.6
+and those of its dependencies the venv lacks or has at other versions):
+
+    PYTHONPATH=/tmp/peerlib .venv/bin/python benchmarks/throughput.py ...
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ import optax
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired import compare, machine_line, ratio_cell  # noqa: E402
+from paired import compare, machine_line, ratio_cell, summarise  # noqa: E402
 
 from ssmlm.models import build_mlm, count_params  # noqa: E402
 from ssmlm.objectives import make_batch  # noqa: E402
@@ -67,6 +79,8 @@ from ssmlm.train.optim import make_optimizer  # noqa: E402
 
 TRAIN = TrainConfig(steps=1000, warmup_steps=0)  # ssmlm's defaults: AdamW, no clipping, SSM multiplier 1
 DEFAULT_BIGS_REPO = "/tmp/peers/BiGS"
+PEER_HEADS = {"all": "MLM head at every position (its own loss)",
+              "masked": "MLM head at the masked positions only (ssmlm's gather)"}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -133,17 +147,36 @@ def peer_adamw() -> optax.GradientTransformation:
                        weight_decay=TRAIN.weight_decay, mask=decay_mask_fn)  # fmt: skip
 
 
-def linen_side(model, data: Data) -> Side:
-    """The train step of the official pretrain.py (also run_mlm_flax.py's) under jit: logits at every position,
-    cross-entropy weighted by label > 0, mean over the masked tokens; dropout on (train=True)."""
+def bigs_masked_logits(module, input_ids, positions, deterministic: bool):
+    """FlaxBiGSForMaskedLMModule's forward with ssmlm's gather between its body and its head, for
+    ``module.apply(..., method=bigs_masked_logits)``: the official submodules (s4_bert, cls) and tied embedding
+    do all the work; (B, P, vocab) logits at ``positions`` (B, P)."""
+    hidden = module.s4_bert(input_ids, jnp.ones_like(input_ids), None, None, deterministic=deterministic,
+                            return_dict=False)[0]  # fmt: skip
+    hidden = jnp.take_along_axis(hidden, positions[..., None], axis=1)
+    tied = module.config.tie_word_embeddings
+    shared = module.s4_bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"] if tied else None
+    return module.cls(hidden, shared_embedding=shared)
+
+
+def linen_side(model, data: Data, head: str = "all") -> Side:
+    """The train step of the official pretrain.py (also run_mlm_flax.py's) under jit: cross-entropy weighted by
+    label > 0, mean over the masked tokens; dropout on (train=True). head "all": the model's own forward, logits
+    at every position. head "masked" (official BiGS only): bigs_masked_logits, logits at the masked positions,
+    the loss's labels the gathered targets (all > 0)."""
     tx = peer_adamw()
     params = model.params
     vocab = model.config.vocab_size
 
+    def logits_fn(p, batch, rng):
+        if head == "all":
+            return model(batch["input_ids"], params=p, dropout_rng=rng, train=True)[0]
+        return model.module.apply({"params": p}, batch["input_ids"], batch["positions"], False,
+                                  method=bigs_masked_logits, rngs={"dropout": rng})  # fmt: skip
+
     def train_step(params, opt_state, batch, step):
         def loss_fn(p):
-            logits = model(batch["input_ids"], params=p, dropout_rng=jax.random.fold_in(jax.random.key(0), step),
-                           train=True)[0]  # fmt: skip
+            logits = logits_fn(p, batch, jax.random.fold_in(jax.random.key(0), step))
             label_mask = batch["labels"] > 0
             loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch["labels"], vocab)) * label_mask
             return loss.sum() / label_mask.sum()
@@ -152,7 +185,11 @@ def linen_side(model, data: Data) -> Side:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    batch = jax.device_put({"input_ids": data.tokens.astype(np.int32), "labels": data.labels().astype(np.int32)})
+    if head == "all":
+        batch = {"input_ids": data.tokens, "labels": data.labels()}
+    else:
+        batch = {"input_ids": data.tokens, "positions": data.positions, "labels": data.targets}
+    batch = jax.device_put({k: v.astype(np.int32) for k, v in batch.items()})
     n = sum(x.size for x in jax.tree.leaves(params))
     return Side(jax.jit(train_step, donate_argnums=(0, 1)), params, tx.init(params), batch, n)
 
@@ -214,28 +251,41 @@ def layout_label(cfg: ModelConfig) -> str:
     return ("scanned" if scanned else "unrolled") + (" (auto)" if cfg.scan_layers == "auto" else "")
 
 
-def print_header(what: str) -> None:
+def print_header(what: str, refs: list[str] | None = None) -> None:
+    """One ratio column per reference side (several: each row's speed over that side's, paired by round)."""
     print(f"{what}")
-    print("| length | batch | side | tok/s | ratio ssmlm / peer, per pass: median (range) | params |")
-    print("|---:|---:|---|---:|---|---:|")
+    cols = (["ratio ssmlm / peer, per pass: median (range)"] if not refs or len(refs) == 1
+            else [f"ratio side / {r}, per pass: median (range)" for r in refs])  # fmt: skip
+    print(f"| length | batch | side | tok/s | {' | '.join(cols)} | params |")
+    print(f"|---:|---:|---|---:|{'---|' * len(cols)}---:|")
 
 
-def print_rows(length: int, batch: int, sides: dict[str, Side], ref: str, res: dict) -> None:
+def print_rows(length: int, batch: int, sides: dict[str, Side], refs: list[str], res: dict) -> None:
+    """``res`` is compare()'s result against refs[0]; the other references' ratios come from the same rounds."""
+    passes = [{n: r["times"][i] for n, r in res.items()} for i in range(len(res[refs[0]]["times"]))]
+    by_ref = [res] + [summarise(passes, ref) for ref in refs[1:]]
     for name, side in sides.items():
         tps = batch * length / res[name]["median_s"][0]
-        cell = "" if name == ref else ratio_cell(res[name])
-        print(f"| {length:,} | {batch} | {name} | {tps:,.0f} | {cell} | {side.n_params / 1e6:.2f}M |", flush=True)
+        cells = " | ".join("" if name == ref else ratio_cell(r[name]) for ref, r in zip(refs, by_ref, strict=True))
+        print(f"| {length:,} | {batch} | {name} | {tps:,.0f} | {cells} | {side.n_params / 1e6:.2f}M |", flush=True)
 
 
 def peer_config(part: str, config_cls, a, length: int):
-    """(the peer's config at the size of ``a``, the peer's name) for part bigs or bert."""
+    """The peer's config at the size of ``a`` for part bigs or bert."""
     if part == "bigs":
         return config_cls(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
                           intermediate_size=3 * a.hidden, max_position_embeddings=length, num_ssm=64,
-                          hidden_dropout_prob=0.1, pre_norm=True, scaling="hippo"), "official BiGS"  # fmt: skip
+                          hidden_dropout_prob=0.1, pre_norm=True, scaling="hippo")  # fmt: skip
     return config_cls(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
                       num_attention_heads=max(1, a.hidden // 64), intermediate_size=4 * a.hidden,
-                      max_position_embeddings=length), "HF FlaxBertForMaskedLM"  # fmt: skip
+                      max_position_embeddings=length)  # fmt: skip
+
+
+def peer_names(part: str, a) -> list[tuple[str, str]]:
+    """[(side name, head)] of the peer's steps: one per --peer-head for bigs; bert's peer keeps its own head."""
+    if part == "bigs":
+        return [(f"official BiGS, head {h}", h) for h in a.peer_heads]
+    return [("HF FlaxBertForMaskedLM", "all")]
 
 
 def run_part(part: str, a, peer) -> None:
@@ -247,12 +297,14 @@ def run_part(part: str, a, peer) -> None:
             cfg = bigs_cfg(a, length, LAYOUTS[lay]) if part == "bigs" else bert_cfg(a, length, LAYOUTS[lay])
             sides[f"ssmlm {part} {layout_label(cfg)}"] = ssmlm_side(cfg, data)
         config_cls, model_cls = peer
-        pc, ref = peer_config(part, config_cls, a, length)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sides[ref] = linen_side(model_cls(pc, input_shape=(1, length), seed=0), data)
-        res = compare(sides, reference=ref, rounds=a.rounds, warmup=a.warmup)
-        print_rows(length, batch, sides, ref, res)
+        pc = peer_config(part, config_cls, a, length)
+        for name, head in peer_names(part, a):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sides[name] = linen_side(model_cls(pc, input_shape=(1, length), seed=0), data, head)
+        refs = [name for name, _ in peer_names(part, a)]
+        res = compare(sides, reference=refs[0], rounds=a.rounds, warmup=a.warmup)
+        print_rows(length, batch, sides, refs, res)
 
 
 def run_family(a) -> None:
@@ -264,7 +316,7 @@ def run_family(a) -> None:
         sides = {"ssmlm bigs": ssmlm_side(big, data),
                  "ssmlm bert": ssmlm_side(bert_cfg(a, length, "auto", a.stacked_layers, "pre"), data)}  # fmt: skip
         res = compare(sides, reference="ssmlm bert", rounds=a.rounds, warmup=a.warmup)
-        print_rows(length, batch, sides, "ssmlm bert", res)
+        print_rows(length, batch, sides, ["ssmlm bert"], res)
 
 
 def main() -> None:
@@ -281,19 +333,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per pass (two passes)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per side after compiling")
     ap.add_argument("--bigs-repo", default=None, help=f"official BiGS checkout (default {DEFAULT_BIGS_REPO})")
+    ap.add_argument("--peer-head", default="all",
+                    help="official BiGS's MLM head: all (every position, its own loss), masked (the masked "
+                         "positions only, as ssmlm), or all,masked (both, timed in the same rounds)")  # fmt: skip
     a = ap.parse_args()
+    a.peer_heads = list(dict.fromkeys(a.peer_head.split(",")))
+    if not a.peer_heads or any(h not in PEER_HEADS for h in a.peer_heads):
+        ap.error(f"--peer-head: comma-separated {', '.join(PEER_HEADS)}, got {a.peer_head!r}")
     parts = a.only.split(",")
     print(f"d={a.hidden}, vocab {a.vocab:,}, {a.tokens:,} tokens/step, float32; paired.compare: {a.warmup} "
           f"warm-up steps, 2 passes x {a.rounds} interleaved rounds; tok/s from pass 1's median step")  # fmt: skip
     if "bigs" in parts:
         peer = import_official_bigs(a.bigs_repo)
         if peer is not None:
-            print_header(f"ssmlm BiGS vs the official BiGS code, {a.layers} gated layers, N=64:")
+            heads = "; ".join(f"head {h}: {PEER_HEADS[h]}" for h in a.peer_heads)
+            print_header(f"ssmlm BiGS vs the official BiGS code, {a.layers} gated layers, N=64; official {heads}:",
+                         [name for name, _ in peer_names("bigs", a)])  # fmt: skip
             run_part("bigs", a, peer)
     if "bert" in parts:
         peer = import_hf_bert()
         if peer is not None:
-            print_header(f"ssmlm BERT vs HuggingFace FlaxBertForMaskedLM, {a.layers} post-LN layers:")
+            print_header(f"ssmlm BERT vs HuggingFace FlaxBertForMaskedLM, {a.layers} post-LN layers; "
+                         f"HF's {PEER_HEADS['all']}:")  # fmt: skip
             run_part("bert", a, peer)
     if "family" in parts:
         print_header(f"ssmlm BiGS ({a.gated_layers} gated layers) vs ssmlm BERT ({a.stacked_layers} pre-LN "
