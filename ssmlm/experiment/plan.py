@@ -4,11 +4,14 @@ OUT/runs/ARM/seedS/STAGE, in the order of work.
 Seed by seed: every stage of seed 0 of every arm (pretrain → finetune → evaluate → analyze; arms that pretrain
 identically share the run) before anything of seed 1, so that an experiment stopped early already holds complete
 pairs to compare. With a grid, the evaluations and analyses are planned only after the selection (later_jobs).
+A budget sweep pretrains each arm × seed once (OUT/runs/ARM/seedS/pretrain, to the largest budget) and runs every
+probe from each budget's checkpoint (OUT/runs/ARM/seedS/PROBE-stepB), each followed by its evaluations.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ class Job:
     batch_size: int = 32
     task: str | None = None  # evaluate: a language model's task (phonebook, …); None: the run's own metrics
     limit: int | None = None
+    entries: tuple[int, int] | None = None  # evaluate: phone books of this many entries (None: the run's own)
     analysis: tuple = ()  # analyze: (NAME, its options)
     deps: tuple[str, ...] = ()
     arm: str = ""  # the arm and seed it was planned for (a pretraining run shared by arms: the first)
@@ -46,6 +50,8 @@ class Plan:
     jobs: list[Job]  # in the order of work: seed by seed, each arm's chain of stages
     chains: dict[tuple[str, int, int], dict[str, str]]  # (arm, seed, point) -> stage -> job key
     by_key: dict[str, Job] = dataclasses.field(default_factory=dict)
+    sweep: dict[tuple[str, int, str, int], str] = dataclasses.field(default_factory=dict)  # a budget sweep's
+    # (arm, seed, evaluation, budget) -> its evaluation's job key
 
     def of_kind(self, kind: str) -> list[Job]:
         return [j for j in self.jobs if j.kind == kind]
@@ -56,6 +62,8 @@ def build_plan(exp: Experiment, out: Path) -> Plan:
     grid: those come after the selection, see later_jobs)."""
     from ssmlm.recipe import load_recipe
 
+    if exp.budgets:
+        return _sweep_plan(exp, out)
     pre_by_recipe: dict[str, Job] = {}
     plan = Plan([], {})
     for seed in exp.seeds:
@@ -93,6 +101,59 @@ def build_plan(exp: Experiment, out: Path) -> Plan:
                 if not exp.grid:
                     for job in _later(exp, plan, arm, seed, pi):
                         _add(plan, job)
+    return plan
+
+
+def _sweep_plan(exp: Experiment, out: Path) -> Plan:
+    """A budget sweep: per seed and arm, one pretraining run to the largest budget that keeps every budget's
+    checkpoint, then each budget's probes (finetuning from that step, then its evaluations). The per-arm table's
+    chain is the first evaluation at the largest budget."""
+    from ssmlm.recipe import load_recipe
+
+    plan, top = Plan([], {}), max(exp.budgets)
+    for seed in exp.seeds:
+        for arm, stages in exp.arms.items():
+            seed_dir = out / "runs" / arm / f"seed{seed}"
+            s = stages["pretrain"]
+            sets = [*stage_overrides(s), f"train.steps={top}", f"train.keep_steps={json.dumps(list(exp.budgets))}"]
+            pre = load_recipe(s.recipe or DEFAULT_RECIPE["pretrain"], [*sets, f"train.seed={seed}"])
+            label = f"pretrain {arm} seed {seed} ({top:,} steps)"
+            pj = Job(f"{arm}/seed{seed}/pretrain", "pretrain", label, seed_dir / "pretrain", pre, arm=arm, seed=seed)
+            _add(plan, pj)
+            chain = plan.chains[(arm, seed, 0)] = {"pretrain": pj.key}
+            for budget in exp.budgets:
+                for name, probe in exp.probes.items():
+                    ft = probe.finetune
+                    sets = [*stage_overrides(ft), f"train.seed={seed}"]
+                    r = load_recipe(ft.recipe or DEFAULT_RECIPE["finetune"], sets)
+                    r = dataclasses.replace(
+                        r, train=dataclasses.replace(r.train, init_from=str(pj.run_dir), init_step=budget)
+                    )
+                    run = f"{name}-step{budget}"
+                    label = f"{name} probe {arm} seed {seed} from step {budget:,}"
+                    fj = Job(f"{arm}/seed{seed}/{run}", "finetune", label, seed_dir / run, r, arm=arm, seed=seed)
+                    fj.deps = (pj.key,)
+                    _add(plan, fj)
+                    for ename, ev in probe.evaluations.items():
+                        ej = Job(
+                            f"{fj.key}/evaluate-{ename}",
+                            "evaluate",
+                            f"evaluate {ename} {arm} seed {seed} step {budget:,}",
+                            fj.run_dir,
+                            split=ev.split,
+                            batch_size=ev.batch_size,
+                            task=ev.task,
+                            limit=ev.limit,
+                            entries=ev.entries,
+                            deps=(fj.key,),
+                            arm=arm,
+                            seed=seed,
+                        )
+                        _add(plan, ej)
+                        plan.sweep[(arm, seed, ename, budget)] = ej.key
+            first = next(iter(exp.evaluations()))
+            chain["evaluate"] = plan.sweep[(arm, seed, first, top)]
+            chain["finetune"] = plan.by_key[chain["evaluate"]].deps[0]
     return plan
 
 
@@ -177,15 +238,27 @@ def _later(exp: Experiment, plan: Plan, arm: str, seed: int, pi: int) -> list[Jo
     return out
 
 
+def _serves(plan: Plan, pre: Job) -> str:
+    """A sweep's pretraining run: the finetunings it serves, and from which steps."""
+    served = [j for j in plan.jobs if j.kind == "finetune" and pre.key in j.deps]
+    steps = sorted({j.recipe.train.init_step for j in served})
+    return f"; serves {len(served)} finetunings, from steps {', '.join(f'{s:,}' for s in steps)}"
+
+
 def dry_run_lines(exp: Experiment, out: Path) -> list[str]:
     """`ssmlm experiment --dry-run`: the runs in the order of work (seed by seed), what waits for a grid's
     selection, the metric and the reference."""
     lines = []
-    for job in build_plan(exp, out).jobs:
-        start = f" from {job.recipe.train.init_from}" if job.kind == "finetune" and job.recipe.train.init_from else ""
+    plan = build_plan(exp, out)
+    for job in plan.jobs:
+        train = job.recipe.train if job.recipe is not None else None
+        start = f" from {train.init_from}" if job.kind == "finetune" and train.init_from else ""
+        start += f" at step {train.init_step:,}" if start and train.init_step else ""
         init = " (init: random)" if job.init == "random" else ""
         where = {"evaluate": "/eval", "analyze": "/analysis"}.get(job.kind, "")
-        lines.append(f"{job.label}: {job.run_dir}{where}{start}{init}")
+        books = f" ({job.entries[0]}-{job.entries[1]} entries)" if job.entries else ""
+        serves = _serves(plan, job) if exp.budgets and job.kind == "pretrain" else ""
+        lines.append(f"{job.label}: {job.run_dir}{where}{start}{init}{books}{serves}")
     if "evaluate" in exp.stages and exp.grid:
         splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))
         lines.append(

@@ -165,11 +165,13 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(exp.path.read_text(encoding="utf-8"), encoding="utf-8")
     plan = build_plan(exp, out)
-    n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages else 0
+    n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages and exp.grid else len(plan.of_kind("evaluate"))
     n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
     pretrain = plan.of_kind("pretrain")
     total = Counter(pretrain=len(pretrain), finetune=len(plan.of_kind("finetune")), evaluate=n_eval, analyze=n_analyze)
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
+    if exp.budgets:
+        grid = f" × {len(exp.budgets)} budgets × {len(exp.probes)} probes"
     n_arms = f"{len(exp.arms)} arm{'s' if len(exp.arms) > 1 else ''}"
     echo(
         f"experiment {exp.name}: {n_arms} × {len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}{grid}, "
@@ -181,7 +183,12 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     if exp.grid:  # the selection needed every seed's finetuning runs
         runner.run(later_jobs(exp, plan, chosen))
     arms = {arm: collect_arm(exp, plan, runner, arm, chosen[arm], grids.get(arm)) for arm in exp.arms}
-    return summarize(exp, arms, time.time() - runner.t0, runner.warnings)
+    res = summarize(exp, arms, time.time() - runner.t0, runner.warnings)
+    if exp.budgets:
+        from ssmlm.experiment.sweep_report import summarize_sweep
+
+        res["sweep"] = summarize_sweep(collect_sweep(exp, plan, runner))
+    return res
 
 
 def metric_value(exp: Experiment, result: dict, stage: str | None = None) -> float:
@@ -255,3 +262,41 @@ def collect_arm(exp: Experiment, plan: Plan, runner: Runner, arm: str, pi: int, 
         out["selected"] = point_label(exp.points()[pi])
         out["grid"] = grid
     return out
+
+
+def collect_sweep(exp: Experiment, plan: Plan, runner: Runner) -> dict:
+    """A budget sweep's values: arm -> evaluation -> budget -> each seed's metric (and the first error)."""
+    arms: dict[str, dict] = {}
+    for (arm, seed, ename, budget), key in plan.sweep.items():
+        cell = arms.setdefault(arm, {}).setdefault(ename, {}).setdefault(str(budget), {"values": {}, "error": None})
+        o = runner.done.get(key)
+        if o is None or not o.ok:
+            cell["error"] = cell["error"] or f"seed {seed}: {o.error if o else 'not run'}"
+            continue
+        try:
+            cell["values"][str(seed)] = metric_value(exp, o.result)
+        except UserError as e:
+            cell["error"] = cell["error"] or f"seed {seed}: {e}"
+    evaluations = {}
+    for e, (probe, st) in exp.evaluations().items():
+        key = next(k for (_, _, name, _), k in plan.sweep.items() if name == e)
+        finetuning = plan.by_key[plan.by_key[key].deps[0]].recipe
+        evaluations[e] = {"probe": probe, "chance": st.chance, "about": _about(st, finetuning)}
+    reference = {a: exp.reference_of(a) for a in exp.arms if exp.reference_of(a)} if exp.reference else None
+    return {
+        "budgets": list(exp.budgets),
+        "metric": exp.metric.field,
+        "seeds": list(exp.seeds),
+        "evaluations": evaluations,
+        "arms": arms,
+        "reference": reference,
+    }
+
+
+def _about(ev, finetuning) -> str:
+    """What an evaluation scores, e.g. "phonebook test, 100 books of 4 entries" (phone books: their entries)."""
+    what = f"{ev.task or 'its own task'} {ev.split}" + (f", {ev.limit} items" if ev.limit else "")
+    if ev.task != "phonebook":
+        return what
+    lo, hi = ev.entries or finetuning.task.phonebook.entries
+    return what.replace("items", "books") + f" of {lo}" + (f"-{hi}" if hi > lo else "") + " entries"

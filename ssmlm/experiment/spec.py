@@ -22,6 +22,22 @@ random``.
     grid:                              # optional: selected per arm on validation, reported on a test split
       finetune: {train.learning_rate: [1.0e-4, 5.0e-4]}
 
+A budget sweep (experiments/birdie_budget.yaml) pretrains each arm × seed once, to the largest budget, keeping the
+checkpoint at every budget, and runs every probe (a finetuning and its evaluations, the same for every arm) from
+each of them; arms then give only their pretrain section:
+
+    budgets: [200, 400, 800, 1600]     # pretraining steps (train.steps and train.keep_steps are set from them)
+    probes:
+      copy:
+        finetune: {recipe: phonebook_tiny, task: phonebook, set: [...]}
+        evaluate:                      # one or more, each named; chance: the metric of a baseline (plotted)
+          copy: {task: phonebook, split: test, limit: 100, chance: 0.0001}
+      lookup:
+        finetune: {...}
+        evaluate:
+          lookup2: {task: phonebook, split: test, limit: 100, chance: 0.5}
+          lookup4: {task: phonebook, split: test, limit: 100, entries: 4, chance: 0.25}   # 4-entry books
+
 Top-level keys starting with ``x-`` are ignored (a place for YAML anchors), a list inside ``set`` is spliced in
 (``set: [*model, *task, train.steps=20]``), and ``${NAME}`` in ``set`` and ``ckpt`` is the environment variable
 NAME (data written by a script, e.g. benchmarks/transfer.py).
@@ -46,10 +62,11 @@ STAGES = ("pretrain", "finetune", "evaluate", "analyze")
 DEFAULT_RECIPE = {"pretrain": "default", "finetune": "finetune_default"}
 STAGE_KEYS = {
     "pretrain": {"recipe", "set"},
-    "finetune": {"recipe", "set", "task", "init", "ckpt"},
-    "evaluate": {"split", "batch_size", "task", "limit"},
+    "finetune": {"recipe", "set", "task", "init", "ckpt", "step"},
+    "evaluate": {"split", "batch_size", "task", "limit", "entries"},
 }
 TOP_KEYS = {"description", "seeds", "stages", "metric", "goal", "bounds", "reference", "arms", "grid"}
+TOP_KEYS |= {"budgets", "probes"}  # a budget sweep
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 LOWER_IS_BETTER = ("loss", "perplexity", "error")
@@ -71,7 +88,18 @@ class Stage:
     split: str = "validation"
     batch_size: int = 32
     limit: int | None = None  # evaluate: at most this many items (a language model's phone books: how many)
+    step: int | None = None  # finetune: start from the pretraining checkpoint at this step (train.init_step)
+    entries: tuple[int, int] | None = None  # evaluate: phone books of this many entries, not the finetuning books'
+    chance: float | None = None  # a probe's evaluation: the metric of a baseline that does not retrieve
     analyses: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # analyze: (NAME, its options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A budget sweep's probe: one finetuning from each budget's checkpoint, scored by named evaluations."""
+
+    finetune: Stage
+    evaluations: dict[str, Stage]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +123,8 @@ class Experiment:
     arms: dict[str, dict[str, Stage]]  # arm -> stage name -> Stage (a stage not in `stages` may give architecture)
     grid: dict[str, dict[str, list]]  # stage -> dotted key -> values
     description: str = ""
+    budgets: tuple[int, ...] = ()  # a budget sweep: the pretraining steps every probe starts from (ascending)
+    probes: dict[str, Probe] = dataclasses.field(default_factory=dict)
 
     def reference_of(self, arm: str) -> str | None:
         """The arm ``arm`` is compared with (None: the reference itself, or an arm the mapping leaves out)."""
@@ -115,6 +145,10 @@ class Experiment:
                 point.setdefault(stage, {})[key] = value
             out.append(point)
         return out
+
+    def evaluations(self) -> dict[str, tuple[str, Stage]]:
+        """A budget sweep's evaluations, in the file's order: name -> (its probe, its Stage)."""
+        return {e: (p, st) for p, probe in self.probes.items() for e, st in probe.evaluations.items()}
 
     def runs_pretrain(self, arm: str) -> bool:
         """Whether the arm's pretrain stage is run (not when its finetune starts from random init or a --ckpt)."""
@@ -159,13 +193,61 @@ def load_experiment(path: str | Path) -> Experiment:
         raise fail("reference", "missing: the arm the others are compared with (only a file of one arm has none)")
     seeds = _seeds(raw["seeds"], fail)
     stages = _stages(raw["stages"], fail)
-    arms = {name: _arm(name, body, stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
+    budgets, probes = _sweep(raw, stages, fail)
+    arm_stages = ("pretrain",) if budgets else stages  # a sweep's arms give only their pretraining
+    arms = {name: _arm(name, body, arm_stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
     metric = _metric(raw["metric"], raw.get("goal"), raw.get("bounds", "default"), stages, fail)
     reference = _reference(raw.get("reference"), arms, fail)
     grid = _grid(raw.get("grid"), stages, fail)
-    exp = Experiment(p, seeds, stages, metric, reference, arms, grid, str(raw.get("description") or ""))
+    if budgets and metric.stage != "evaluate":
+        raise fail("metric", f"{str(metric)!r}: a budget sweep's metric is its probes' evaluations': evaluate:FIELD")
+    if budgets and grid:
+        raise fail("grid", "a budget sweep has no grid: its probes are fixed, the same for every arm")
+    description = str(raw.get("description") or "")
+    exp = Experiment(p, seeds, stages, metric, reference, arms, grid, description, budgets, probes)
     check_recipes(exp, fail)
     return exp
+
+
+def _sweep(raw: dict, stages: tuple[str, ...], fail) -> tuple[tuple[int, ...], dict[str, Probe]]:
+    """``budgets`` and ``probes`` (both or neither): the pretraining steps, and each probe's finetuning and named
+    evaluations; an arm of a sweep gives only its pretrain section."""
+    if "budgets" not in raw and "probes" not in raw:
+        return (), {}
+    for key in ("budgets", "probes"):
+        if key not in raw:
+            raise fail(key, "missing: a budget sweep has both budgets (pretraining steps) and probes")
+    if list(stages) != ["pretrain", "finetune", "evaluate"]:
+        raise fail("stages", f"{list(stages)!r}: a budget sweep's stages are [pretrain, finetune, evaluate]")
+    b = raw["budgets"]
+    if not (isinstance(b, list) and b and all(map(_positive, b)) and len(set(b)) == len(b)):
+        raise fail("budgets", f"{b!r}: expected distinct pretraining steps, e.g. [200, 400, 800, 1600]")
+    probes, names = {}, set()
+    for name, body in _mapping(raw["probes"], "probes", fail).items():
+        field = f"probes.{name}"
+        if not isinstance(name, str) or not NAME.match(name):
+            raise fail(field, "a probe's name is a directory name: letters, digits, '.', '_', '-'")
+        body = _mapping(body, field, fail)
+        _unknown(body, {"finetune", "evaluate"}, f"{field}.", fail)
+        for key in ("finetune", "evaluate"):
+            if key not in body:
+                raise fail(f"{field}.{key}", "missing: a probe is a finetuning and its named evaluations")
+        ft = _section("finetune", body["finetune"], f"{field}.finetune", fail)
+        if ft.ckpt or ft.init != "pretrained" or ft.step:
+            raise fail(f"{field}.finetune", "a probe starts from each budget's checkpoint: no ckpt, init or step")
+        evals = {}
+        for ename, ebody in _mapping(body["evaluate"], f"{field}.evaluate", fail).items():
+            efield = f"{field}.evaluate.{ename}"
+            if not isinstance(ename, str) or not NAME.match(ename) or ename in names:
+                raise fail(efield, "expected a name of its own (letters, digits, '.', '_', '-'), once in the file")
+            names.add(ename)
+            chance = ebody.pop("chance", None) if isinstance(ebody, dict) else None
+            if chance is not None and not (isinstance(chance, int | float) and not isinstance(chance, bool)):
+                raise fail(f"{efield}.chance", f"{chance!r}: expected a number (the metric of a baseline)")
+            st = _section("evaluate", ebody, efield, fail)
+            evals[ename] = dataclasses.replace(st, chance=None if chance is None else float(chance))
+        probes[name] = Probe(ft, evals)
+    return tuple(sorted(b)), probes
 
 
 def _reference(v, arms: dict, fail) -> str | dict[str, str]:
@@ -219,38 +301,16 @@ def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
         raise fail(f"arms.{name}", "an arm's name is a directory name: letters, digits, '.', '_', '-'")
     body = _mapping(body, f"arms.{name}", fail)
     _unknown(body, set(STAGES), f"arms.{name}.", fail)
+    if stages == ("pretrain",) and set(body) != {"pretrain"}:
+        raise fail(
+            f"arms.{name}", "a budget sweep's arms give only pretrain: finetuning and evaluation are the probes'"
+        )
     out = {}
     for stage, section in body.items():
-        field = f"arms.{name}.{stage}"
-        section = {} if section is None else section
-        if not isinstance(section, dict):
-            raise fail(field, f"expected a mapping (recipe, set, ...), got {section!r}")
-        if stage == "analyze":
-            out[stage] = Stage(analyses=_analyses(section, field, fail))
-            continue
-        _unknown(section, STAGE_KEYS[stage], f"{field}.", fail)
-        sets = section.get("set", [])
-        sets = [sets] if isinstance(sets, str) else sets
-        if isinstance(sets, list):  # lists in the list are spliced in (YAML anchors: set: [*model, *task, x=1])
-            sets = [x for item in sets for x in (item if isinstance(item, list) else [item])]
-        if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
-            raise fail(f"{field}.set", f"{sets!r}: expected a list of KEY=VALUE overrides, e.g. [train.steps=20]")
-        sets = [_expand(x, f"{field}.set", fail) for x in sets]
-        kw = {k: v for k, v in section.items() if k != "set"}
-        if isinstance(kw.get("ckpt"), str):
-            kw["ckpt"] = _expand(kw["ckpt"], f"{field}.ckpt", fail)
-        for k in ("recipe", "task", "ckpt", "split"):
-            if k in kw and not (isinstance(kw[k], str) and kw[k]):
-                raise fail(f"{field}.{k}", f"{kw[k]!r}: expected a non-empty string")
-        if kw.get("init", "pretrained") not in ("pretrained", "random"):
-            raise fail(f"{field}.init", f"{kw['init']!r}: expected pretrained or random")
-        for k, default in (("batch_size", 32), ("limit", 1)):
-            v = kw.get(k, default)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise fail(f"{field}.{k}", f"{v!r}: expected a positive integer")
-        if kw.get("ckpt") and not (Path(kw["ckpt"]).expanduser() / "run.json").is_file():
-            raise fail(f"{field}.ckpt", f"{kw['ckpt']!r}: not an ssmlm run directory (expected run.json)")
-        out[stage] = Stage(set=tuple(sets), **kw)
+        out[stage] = _section(stage, section, f"arms.{name}.{stage}", fail)
+    for k in ("train.steps", "train.keep_steps"):
+        if stages == ("pretrain",) and any(x.split("=")[0].strip() == k for x in out["pretrain"].set):
+            raise fail(f"arms.{name}.pretrain.set", f"{k}: a budget sweep sets it from budgets; drop it")
     if "evaluate" in stages:
         out.setdefault("evaluate", Stage())
     for stage in stages:
@@ -262,6 +322,52 @@ def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
         if stage not in stages and stage != "pretrain":
             raise fail(f"arms.{name}.{stage}", f"given, but {stage} is not in stages ({', '.join(stages)})")
     return out
+
+
+def _section(stage: str, section, field: str, fail) -> Stage:
+    """One stage's section (an arm's, or a probe's finetune or evaluation) as a Stage."""
+    section = {} if section is None else section
+    if not isinstance(section, dict):
+        raise fail(field, f"expected a mapping (recipe, set, ...), got {section!r}")
+    if stage == "analyze":
+        return Stage(analyses=_analyses(section, field, fail))
+    _unknown(section, STAGE_KEYS[stage], f"{field}.", fail)
+    sets = section.get("set", [])
+    sets = [sets] if isinstance(sets, str) else sets
+    if isinstance(sets, list):  # lists in the list are spliced in (YAML anchors: set: [*model, *task, x=1])
+        sets = [x for item in sets for x in (item if isinstance(item, list) else [item])]
+    if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
+        raise fail(f"{field}.set", f"{sets!r}: expected a list of KEY=VALUE overrides, e.g. [train.steps=20]")
+    sets = [_expand(x, f"{field}.set", fail) for x in sets]
+    kw = {k: v for k, v in section.items() if k != "set"}
+    if isinstance(kw.get("ckpt"), str):
+        kw["ckpt"] = _expand(kw["ckpt"], f"{field}.ckpt", fail)
+    for k in ("recipe", "task", "ckpt", "split"):
+        if k in kw and not (isinstance(kw[k], str) and kw[k]):
+            raise fail(f"{field}.{k}", f"{kw[k]!r}: expected a non-empty string")
+    if kw.get("init", "pretrained") not in ("pretrained", "random"):
+        raise fail(f"{field}.init", f"{kw['init']!r}: expected pretrained or random")
+    for k, default in (("batch_size", 32), ("limit", 1), ("step", 1)):
+        v = kw.get(k, default)
+        if not _positive(v):
+            raise fail(f"{field}.{k}", f"{v!r}: expected a positive integer")
+    if "entries" in kw:
+        kw["entries"] = _entries(kw["entries"], f"{field}.entries", fail)
+    if kw.get("ckpt") and not (Path(kw["ckpt"]).expanduser() / "run.json").is_file():
+        raise fail(f"{field}.ckpt", f"{kw['ckpt']!r}: not an ssmlm run directory (expected run.json)")
+    return Stage(set=tuple(sets), **kw)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _entries(v, field: str, fail) -> tuple[int, int]:
+    """``entries: 4`` or ``[2, 8]``: phone books of that many entries."""
+    lo_hi = [v, v] if not isinstance(v, list) else v
+    if len(lo_hi) != 2 or not all(map(_positive, lo_hi)) or lo_hi[0] > lo_hi[1]:
+        raise fail(field, f"{v!r}: expected a number of entries (4) or a range [LO, HI]")
+    return (lo_hi[0], lo_hi[1])
 
 
 def _analyses(section: dict, field: str, fail) -> tuple:
@@ -355,10 +461,24 @@ def check_recipes(exp: Experiment, fail) -> None:
                     raise fail(f"arms.{arm}.{stage}", str(e)) from None
                 if stage == "finetune":
                     _check_task(r, exp, f"arms.{arm}.finetune", fail)
+    for name, probe in exp.probes.items():
+        sets = [*stage_overrides(probe.finetune), f"train.seed={exp.seeds[0]}"]
+        try:
+            r = load_recipe(probe.finetune.recipe or DEFAULT_RECIPE["finetune"], sets)
+        except UserError as e:
+            raise fail(f"probes.{name}.finetune", str(e)) from None
+        _check_task(r, exp, f"probes.{name}.finetune", fail)
+    for arm, stages in exp.arms.items():
+        for key, ev in [(f"arms.{arm}.evaluate", stages.get("evaluate"))] + [
+            (f"probes.{p}.evaluate.{e}", st) for e, (p, st) in exp.evaluations().items()
+        ]:
+            if ev is not None and ev.entries and ev.task != "phonebook":
+                raise fail(f"{key}.entries", "only phone books have entries: give task: phonebook")
 
 
 def stage_overrides(s: Stage) -> list[str]:
-    return [*s.set, *([f"task.name={json.dumps(s.task)}"] if s.task else [])]
+    step = [f"train.init_step={s.step}"] if s.step else []
+    return [*s.set, *([f"task.name={json.dumps(s.task)}"] if s.task else []), *step]
 
 
 def _check_task(r, exp: Experiment, field: str, fail) -> None:

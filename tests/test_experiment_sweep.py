@@ -1,0 +1,183 @@
+"""A budget sweep (`budgets:` and `probes:` in an experiment file): one pretraining run per arm × seed that keeps
+every budget's checkpoint and serves each probe's finetuning from it; the file's one-line errors; the plan, the
+dry run and the ETA; an end-to-end tiny sweep that a second invocation reuses entirely."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import corpus_dir, invoke
+
+from ssmlm.experiment.plan import build_plan, dry_run_lines
+from ssmlm.experiment.spec import ExperimentError, load_experiment
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "experiments" / "birdie_budget.yaml"
+
+
+def tiny_lm_recipe(tmp: Path, name: str, arch: str, mixture: str) -> Path:
+    body = {
+        "base": "lm_tiny",
+        "name": name,
+        "model": {"arch": arch, "hidden_size": 16, "num_layers": 1, "state_size": 16, "num_heads": 2,
+                  "max_seq_length": 320},
+        "data": {"source": str(corpus_dir(tmp / "corpus", 12, 20)), "vocab_size": 300},
+        "objective": {"mixture": mixture, "min_sample_space": 16},
+        "train": {"batch_size": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0},
+    }  # fmt: skip
+    if arch == "transformer_lm":
+        body["model"].pop("state_size")
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+PROBE = [
+    "task.max_seq_length=320",
+    "task.phonebook.digits=2",
+    "task.phonebook.queries=[1, 1]",
+    "task.phonebook.train_books=16",
+    "task.phonebook.validation_books=4",
+    "train.steps=2",
+    "train.batch_size=2",
+    "train.eval_every=0",
+    "train.checkpoint_every=0",
+]
+
+
+def sweep_file(tmp: Path, **changes) -> Path:
+    body = {
+        "seeds": [0],
+        "stages": ["pretrain", "finetune", "evaluate"],
+        "metric": "evaluate:number_accuracy",
+        "budgets": [4, 2],
+        "reference": {"ssm-birdie": "ssm-clm"},
+        "probes": {
+            "copy": {
+                "finetune": {"recipe": "phonebook_tiny", "task": "phonebook",
+                             "set": [*PROBE, "task.phonebook.entries=[1, 1]"]},
+                "evaluate": {"copy": {"task": "phonebook", "split": "test", "limit": 3, "chance": 0.01}},
+            },
+            "lookup": {
+                "finetune": {"recipe": "phonebook_tiny", "task": "phonebook",
+                             "set": [*PROBE, "task.phonebook.entries=[2, 2]"]},
+                "evaluate": {
+                    "lookup2": {"task": "phonebook", "split": "test", "limit": 3, "chance": 0.5},
+                    "lookup4": {"task": "phonebook", "split": "test", "limit": 3, "entries": 4, "chance": 0.25},
+                },
+            },
+        },
+        "arms": {
+            "ssm-clm": {"pretrain": {"recipe": str(tiny_lm_recipe(tmp, "clm", "gated_ssm", "clm"))}},
+            "ssm-birdie": {"pretrain": {"recipe": str(tiny_lm_recipe(tmp, "bd", "gated_ssm", "birdie_fixed"))}},
+        },
+    }  # fmt: skip
+    body.update(changes)
+    path = tmp / "sweep.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed():
+    exp = load_experiment(SHIPPED)
+    assert exp.budgets == (200, 400, 800, 1600) and list(exp.probes) == ["copy", "lookup"]
+    plan = build_plan(exp, Path("/tmp/out"))
+    pre = plan.of_kind("pretrain")
+    assert len(pre) == 6 * 3
+    assert {(j.recipe.train.steps, tuple(j.recipe.train.keep_steps)) for j in pre} == {(1600, (200, 400, 800, 1600))}
+    ft = plan.of_kind("finetune")
+    assert len(ft) == 6 * 3 * 4 * 2
+    assert sorted({j.recipe.train.init_step for j in ft}) == [200, 400, 800, 1600]
+    assert all(j.recipe.train.init_from == str(plan.by_key[j.deps[0]].run_dir) for j in ft)
+    assert len(plan.of_kind("evaluate")) == 6 * 3 * 4 * 3
+    # a probe is the same finetuning for every arm: its recipes differ only in where they start
+    import dataclasses
+
+    def probe_recipe(j):
+        return dataclasses.replace(j.recipe, train=dataclasses.replace(j.recipe.train, init_from=None)).to_yaml()
+
+    at = [j for j in ft if j.seed == 1 and j.recipe.train.init_step == 400 and "/copy-" in j.key]
+    assert len(at) == 6 and len({probe_recipe(j) for j in at}) == 1
+    lines = dry_run_lines(exp, Path("/tmp/out"))
+    first = next(ln for ln in lines if ln.startswith("pretrain transformer-clm seed 0"))
+    assert "serves 8 finetunings, from steps 200, 400, 800, 1,600" in first
+    assert any("copy probe hawk-birdie seed 2 from step 800" in ln and "at step 800" in ln for ln in lines)
+    assert any("evaluate lookup4 " in ln and "(4-4 entries)" in ln for ln in lines)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"probes": None}, "probes: missing: a budget sweep has both budgets"),
+        ({"budgets": [0, 2]}, "budgets: [0, 2]: expected distinct pretraining steps"),
+        ({"budgets": [2, 2]}, "budgets: [2, 2]: expected distinct pretraining steps"),
+        ({"stages": ["pretrain", "finetune"]}, "a budget sweep's stages are [pretrain, finetune, evaluate]"),
+        ({"metric": "finetune:accuracy"}, "metric: 'finetune:accuracy': a budget sweep's metric"),
+        ({"grid": {"finetune": {"train.learning_rate": [1, 2]}}}, "grid: a budget sweep has no grid"),
+    ],
+)
+def test_sweep_errors_are_one_line_naming_the_field(tmp_path, change, expected):
+    path = sweep_file(tmp_path)
+    body = yaml.safe_load(path.read_text())
+    for k, v in change.items():
+        if v is None:
+            body.pop(k)
+        else:
+            body[k] = v
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    with pytest.raises(ExperimentError) as e:
+        load_experiment(path)
+    assert expected in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sweep_errors_in_arms_and_probes(tmp_path):
+    path = sweep_file(tmp_path)
+    body = yaml.safe_load(path.read_text())
+
+    def fails(mutate, expected):
+        b = json.loads(json.dumps(body))
+        mutate(b)
+        path.write_text(yaml.safe_dump(b, sort_keys=False))
+        with pytest.raises(ExperimentError, match=expected):
+            load_experiment(path)
+
+    fails(lambda b: b["arms"]["ssm-clm"].update(finetune={"task": "phonebook"}), "arms.ssm-clm: a budget sweep's arms")
+    fails(lambda b: b["arms"]["ssm-clm"]["pretrain"].update(set=["train.steps=9"]), r"train.steps: a budget sweep")
+    fails(lambda b: b["probes"]["copy"]["finetune"].update(step=2), r"probes.copy.finetune: a probe starts from")
+    fails(lambda b: b["probes"]["copy"].pop("evaluate"), r"probes.copy.evaluate: missing")
+    fails(lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(chance="low"), r"copy.chance: 'low': expected a")
+    fails(lambda b: b["probes"]["lookup"]["evaluate"]["lookup4"].update(entries=[4, 2]), r"lookup4.entries: \[4, 2\]")
+    fails(lambda b: b["probes"]["lookup"]["evaluate"].update(copy={"task": "phonebook"}), r"once in the file")
+    fails(
+        lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(task="squad_v2", entries=2), r"only phone books have"
+    )
+
+
+def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(tmp_path):
+    path = sweep_file(tmp_path)
+    out = tmp_path / "out"
+    r = invoke("experiment", path, "--out", out, code=None)
+    assert r.exit_code == 0, r.output
+    # 2 pretrainings (not one per budget), 2 arms x 2 budgets x 2 probes finetunings, 3 evaluations per budget
+    assert "2 arms × 1 seed × 2 budgets × 2 probes, 22 runs" in r.output
+    assert "[22/22] done" in r.output and "ETA" in r.output
+    for arm in ("ssm-clm", "ssm-birdie"):
+        info = json.loads((out / f"runs/{arm}/seed0/lookup-step2/run.json").read_text())
+        assert info["init_step"] == 2 and info["source"] == str(out / f"runs/{arm}/seed0/pretrain")
+    looked = json.loads((out / "runs/ssm-clm/seed0/lookup-step4/eval/phonebook-e4-test.json").read_text())
+    assert {rec["entries"] for rec in looked["records"]} == {4}
+    res = json.loads((out / "results.json").read_text())
+    sweep = res["sweep"]
+    assert sweep["budgets"] == [2, 4] and list(sweep["evaluations"]) == ["copy", "lookup2", "lookup4"]
+    assert sweep["evaluations"]["lookup4"]["chance"] == 0.25
+    assert "books of 4 entries" in sweep["evaluations"]["lookup4"]["about"]
+    for arm in ("ssm-clm", "ssm-birdie"):
+        for e in ("copy", "lookup2", "lookup4"):
+            for b in ("2", "4"):
+                cell = sweep["arms"][arm][e][b]
+                assert cell["error"] is None and set(cell["values"]) == {"0"}
+    assert res["arms"]["ssm-clm"]["values"]["0"] == sweep["arms"]["ssm-clm"]["copy"]["4"]["values"]["0"]
+    r2 = invoke("experiment", path, "--out", out, code=None)
+    assert r2.exit_code == 0, r2.output
+    assert r2.output.count("(reused)") == 22
