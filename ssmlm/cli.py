@@ -949,13 +949,9 @@ def cpu_only_host() -> bool:
 def main() -> None:
     if "JAX_PLATFORMS" not in os.environ and cpu_only_host():
         os.environ["JAX_PLATFORMS"] = "cpu"  # a CPU machine: the CPU backend, without probing the others
-        import importlib.util
+        from ssmlm.targets import quiet_cuda_plugin
 
-        if importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:  # the gpu-aot extra on a CPU machine
-            from ssmlm.targets import native_stderr_quieted
-
-            with native_stderr_quieted():  # its import (jax's) prints "Could not find cuda drivers" three times
-                import jax_plugins.xla_cuda12  # noqa: F401
+        quiet_cuda_plugin()  # the gpu-aot extra on a CPU machine
     try:
         app()
     except SystemExit as e:

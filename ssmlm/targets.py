@@ -521,6 +521,16 @@ def native_stderr_quieted():
             os.close(saved)
 
 
+def quiet_cuda_plugin() -> None:
+    """On a CPU-only process (JAX_PLATFORMS=cpu) with the gpu-aot extra installed, import the CUDA plugin with its
+    native start-up lines held back: jax's own import of it prints "Could not find cuda drivers" three times."""
+    import importlib.util
+
+    if os.environ.get("JAX_PLATFORMS") == "cpu" and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:
+        with native_stderr_quieted():
+            import jax_plugins.xla_cuda12  # noqa: F401
+
+
 def _first_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__

@@ -103,7 +103,7 @@ def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed
     first = next(ln for ln in lines if ln.startswith("pretrain transformer-clm seed 0"))
     assert "serves 8 finetunings, from steps 200, 400, 800, 1,600" in first
     assert any("copy probe hawk-birdie seed 2 from step 800" in ln and "at step 800" in ln for ln in lines)
-    assert any("evaluate lookup4 " in ln and "(4-4 entries)" in ln for ln in lines)
+    assert any("evaluate lookup4 " in ln and "(books of 4 entries)" in ln for ln in lines)
 
 
 @pytest.mark.parametrize(

@@ -256,7 +256,8 @@ def dry_run_lines(exp: Experiment, out: Path) -> list[str]:
         start += f" at step {train.init_step:,}" if start and train.init_step else ""
         init = " (init: random)" if job.init == "random" else ""
         where = {"evaluate": "/eval", "analyze": "/analysis"}.get(job.kind, "")
-        books = f" ({job.entries[0]}-{job.entries[1]} entries)" if job.entries else ""
+        lo, hi = job.entries or (0, 0)
+        books = f" (books of {lo}{f'-{hi}' if hi > lo else ''} entries)" if job.entries else ""
         serves = _serves(plan, job) if exp.budgets and job.kind == "pretrain" else ""
         lines.append(f"{job.label}: {job.run_dir}{where}{start}{init}{books}{serves}")
     if "evaluate" in exp.stages and exp.grid:

@@ -21,6 +21,9 @@ def _worker_init() -> None:
     import os
     import signal
 
+    from ssmlm.targets import quiet_cuda_plugin
+
+    quiet_cuda_plugin()  # as the parent did (ssmlm.cli.main): a worker is a fresh interpreter
     if hasattr(os, "setpgrp"):
         os.setpgrp()
     parent = os.getppid()
