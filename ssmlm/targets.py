@@ -522,13 +522,27 @@ def native_stderr_quieted():
 
 
 def quiet_cuda_plugin() -> None:
-    """On a CPU-only process (JAX_PLATFORMS=cpu) with the gpu-aot extra installed, import the CUDA plugin with its
-    native start-up lines held back: jax's own import of it prints "Could not find cuda drivers" three times."""
+    """On a CPU-only process (JAX_PLATFORMS=cpu) with the gpu-aot extra installed, hold back the CUDA plugin's
+    native start-up lines: its import prints "Could not find cuda drivers" three times, and its registration with
+    jax (``initialize``, called when jax first starts its backends) once more, each with an absl warning."""
+    import functools
     import importlib.util
 
-    if os.environ.get("JAX_PLATFORMS") == "cpu" and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:
+    if os.environ.get("JAX_PLATFORMS") != "cpu" or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return
+    with native_stderr_quieted():
+        import jax_plugins.xla_cuda12 as plugin
+    initialize = plugin.initialize
+    if getattr(initialize, "quieted", False):
+        return
+
+    @functools.wraps(initialize)
+    def quietly() -> None:
         with native_stderr_quieted():
-            import jax_plugins.xla_cuda12  # noqa: F401
+            initialize()
+
+    quietly.quieted = True
+    plugin.initialize = quietly  # jax calls the module's attribute when it discovers plugins
 
 
 def _first_line(err: BaseException) -> str:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from conftest import corpus_dir, invoke
 
+from ssmlm.experiment.eta import steps
 from ssmlm.experiment.plan import build_plan, dry_run_lines
 from ssmlm.experiment.spec import ExperimentError, load_experiment
 
@@ -81,16 +82,18 @@ def sweep_file(tmp: Path, **changes) -> Path:
 
 def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed():
     exp = load_experiment(SHIPPED)
-    assert exp.budgets == (200, 400, 800, 1600) and list(exp.probes) == ["copy", "lookup"]
+    assert exp.budgets == (400, 800, 1600) and list(exp.probes) == ["copy", "lookup"]
     plan = build_plan(exp, Path("/tmp/out"))
     pre = plan.of_kind("pretrain")
-    assert len(pre) == 6 * 3
-    assert {(j.recipe.train.steps, tuple(j.recipe.train.keep_steps)) for j in pre} == {(1600, (200, 400, 800, 1600))}
+    assert len(pre) == 2 * 3
+    assert {(j.recipe.train.steps, tuple(j.recipe.train.keep_steps)) for j in pre} == {(1600, (400, 800, 1600))}
+    # the ETA's pretraining steps: each arm x seed's run once, not once per budget
+    assert sum(steps(j) for j in plan.jobs) == 2 * 3 * 1600
     ft = plan.of_kind("finetune")
-    assert len(ft) == 6 * 3 * 4 * 2
-    assert sorted({j.recipe.train.init_step for j in ft}) == [200, 400, 800, 1600]
+    assert len(ft) == 2 * 3 * 3 * 2
+    assert sorted({j.recipe.train.init_step for j in ft}) == [400, 800, 1600]
     assert all(j.recipe.train.init_from == str(plan.by_key[j.deps[0]].run_dir) for j in ft)
-    assert len(plan.of_kind("evaluate")) == 6 * 3 * 4 * 3
+    assert len(plan.of_kind("evaluate")) == 2 * 3 * 3 * 3
     # a probe is the same finetuning for every arm: its recipes differ only in where they start
     import dataclasses
 
@@ -98,11 +101,11 @@ def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed
         return dataclasses.replace(j.recipe, train=dataclasses.replace(j.recipe.train, init_from=None)).to_yaml()
 
     at = [j for j in ft if j.seed == 1 and j.recipe.train.init_step == 400 and "/copy-" in j.key]
-    assert len(at) == 6 and len({probe_recipe(j) for j in at}) == 1
+    assert len(at) == 2 and len({probe_recipe(j) for j in at}) == 1
     lines = dry_run_lines(exp, Path("/tmp/out"))
-    first = next(ln for ln in lines if ln.startswith("pretrain transformer-clm seed 0"))
-    assert "serves 8 finetunings, from steps 200, 400, 800, 1,600" in first
-    assert any("copy probe hawk-birdie seed 2 from step 800" in ln and "at step 800" in ln for ln in lines)
+    first = next(ln for ln in lines if ln.startswith("pretrain gated_ssm_plus-birdie seed 0"))
+    assert "serves 6 finetunings, from steps 400, 800, 1,600" in first
+    assert any("copy probe gated_ssm_plus-clm seed 2 from step 800" in ln and "at step 800" in ln for ln in lines)
     assert any("evaluate lookup4 " in ln and "(books of 4 entries)" in ln for ln in lines)
 
 
@@ -181,3 +184,12 @@ def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(t
     r2 = invoke("experiment", path, "--out", out, code=None)
     assert r2.exit_code == 0, r2.output
     assert r2.output.count("(reused)") == 22
+    # a probe lost (or killed before it finished) is run again, alone: the pretraining it starts from is reused
+    import shutil
+
+    shutil.rmtree(out / "runs/ssm-clm/seed0/copy-step4")
+    r3 = invoke("experiment", path, "--out", out, code=None)
+    assert r3.exit_code == 0, r3.output
+    assert r3.output.count("(reused)") == 20
+    ran = [ln for ln in r3.output.splitlines() if " done " in ln and "(reused)" not in ln]
+    assert len(ran) == 2 and "copy probe ssm-clm seed 0 from step 4" in ran[0] and "evaluate copy ssm-clm" in ran[1]

@@ -185,3 +185,17 @@ def test_missing_extras_name_the_pip_command(monkeypatch):
         devices(parse_target("v6e:4x8"))
     with pytest.raises(UserError, match=r"pip install 'ssmlm\[gpu-aot\]'"):
         devices(parse_target("a100-40gb:16"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_plugins.xla_cuda12") is None, reason="needs the gpu-aot extra")
+def test_a_cpu_process_with_the_cuda_plugin_prints_none_of_its_start_up_lines():
+    """What `ssmlm` and each `experiment --jobs N` worker do on a machine without a GPU: nothing on stderr."""
+    code = (
+        "from ssmlm.targets import quiet_cuda_plugin; quiet_cuda_plugin(); "
+        "import jax.numpy as jnp; jnp.zeros(2).block_until_ready(); print('ok')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert "cuda" not in done.stderr.lower() and "absl" not in done.stderr, done.stderr

@@ -171,7 +171,8 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     total = Counter(pretrain=len(pretrain), finetune=len(plan.of_kind("finetune")), evaluate=n_eval, analyze=n_analyze)
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
     if exp.budgets:
-        grid = f" × {len(exp.budgets)} budgets × {len(exp.probes)} probes"
+        plural = lambda n, word: f"{n} {word}{'s' if n > 1 else ''}"  # noqa: E731
+        grid = f" × {plural(len(exp.budgets), 'budget')} × {plural(len(exp.probes), 'probe')}"
     n_arms = f"{len(exp.arms)} arm{'s' if len(exp.arms) > 1 else ''}"
     echo(
         f"experiment {exp.name}: {n_arms} × {len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}{grid}, "
