@@ -300,4 +300,9 @@ def _about(ev, finetuning) -> str:
     if ev.task != "phonebook":
         return what
     lo, hi = ev.entries or finetuning.task.phonebook.entries
-    return what.replace("items", "books") + f" of {lo}" + (f"-{hi}" if hi > lo else "") + " entries"
+    return (
+        what.replace("items", "books")
+        + f" of {lo}"
+        + (f"-{hi}" if hi > lo else "")
+        + (" entries" if hi > 1 else " entry")
+    )
