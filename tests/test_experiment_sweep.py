@@ -85,15 +85,15 @@ def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed
     assert exp.budgets == (400, 800, 1600) and list(exp.probes) == ["copy", "lookup"]
     plan = build_plan(exp, Path("/tmp/out"))
     pre = plan.of_kind("pretrain")
-    assert len(pre) == 2 * 3
+    assert len(pre) == 4 * 3
     assert {(j.recipe.train.steps, tuple(j.recipe.train.keep_steps)) for j in pre} == {(1600, (400, 800, 1600))}
     # the ETA's pretraining steps: each arm x seed's run once, not once per budget
-    assert sum(steps(j) for j in plan.jobs) == 2 * 3 * 1600
+    assert sum(steps(j) for j in plan.jobs) == 4 * 3 * 1600
     ft = plan.of_kind("finetune")
-    assert len(ft) == 2 * 3 * 3 * 2
+    assert len(ft) == 4 * 3 * 3 * 2
     assert sorted({j.recipe.train.init_step for j in ft}) == [400, 800, 1600]
     assert all(j.recipe.train.init_from == str(plan.by_key[j.deps[0]].run_dir) for j in ft)
-    assert len(plan.of_kind("evaluate")) == 2 * 3 * 3 * 3
+    assert len(plan.of_kind("evaluate")) == 4 * 3 * 3 * 3
     # a probe is the same finetuning for every arm: its recipes differ only in where they start
     import dataclasses
 
@@ -101,7 +101,7 @@ def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed
         return dataclasses.replace(j.recipe, train=dataclasses.replace(j.recipe.train, init_from=None)).to_yaml()
 
     at = [j for j in ft if j.seed == 1 and j.recipe.train.init_step == 400 and "/copy-" in j.key]
-    assert len(at) == 2 and len({probe_recipe(j) for j in at}) == 1
+    assert len(at) == 4 and len({probe_recipe(j) for j in at}) == 1
     lines = dry_run_lines(exp, Path("/tmp/out"))
     first = next(ln for ln in lines if ln.startswith("pretrain gated_ssm_plus-birdie seed 0"))
     assert "serves 6 finetunings, from steps 400, 800, 1,600" in first
