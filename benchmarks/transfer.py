@@ -42,7 +42,7 @@ SENTENCE_WORDS = (6, 30)
 PER_CLASS = {"train": 300, "validation": 100, "test": 100}  # novels passages per document
 ORDER = {"train": 1000, "validation": 500, "test": 500}  # order sentences
 BUDGETS = {200: "bigs-pretrained200", 800: "bigs-pretrained", 3200: "bigs-pretrained3200"}
-ACCURACY = [0.0, 1.0]  # where the table and plot cut intervals (ssmlm.experiment.report.cut)
+ACCURACY = [0.0, 1.0]  # where the table and plot cut intervals (ssmlm.experiment.stats.cut)
 
 
 # ----------------------------------------------------------------------------- corpus and tasks
@@ -226,7 +226,7 @@ def prepare_data(docs: dict[str, list[str]], data_dir: Path) -> dict:
 def budget(results: dict, out: Path) -> str:
     """Per task: BiGS's test accuracy by pretraining steps (mean and 95% CI over seeds) against the random start."""
     from ssmlm.analyze.plots import _plt, save_figure
-    from ssmlm.experiment.report import cut
+    from ssmlm.experiment.stats import cut
 
     arms = results["arms"]
     lines = ["| task | random init | " + " | ".join(f"pretrained {s:,} steps" for s in BUDGETS) + " |",
@@ -273,7 +273,7 @@ def budget(results: dict, out: Path) -> str:
 
 def cell(iv: dict | None) -> str:
     """Mean [95% CI] in %, the interval cut at an accuracy's bounds (a t-interval over few seeds can pass them)."""
-    from ssmlm.experiment.report import cut
+    from ssmlm.experiment.stats import cut
 
     if not iv:
         return "–"

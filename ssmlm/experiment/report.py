@@ -16,6 +16,7 @@ from ssmlm.experiment.stats import (
     BOOTSTRAP_RESAMPLES,
     LEVEL,
     MIN_N,
+    cut,
     mean_interval,
     paired_difference,
 )
@@ -79,16 +80,6 @@ def summarize(exp: Experiment, arms: dict[str, dict], seconds: float, warnings: 
 
 def fmt(v) -> str:
     return "–" if v is None else f"{v:.4g}"
-
-
-def cut(iv: dict | None, bounds: list | None, difference: bool = False) -> dict | None:
-    """The interval cut at the metric's bounds (a difference's at ±their span): a t-interval from few seeds can
-    reach past what the metric can be, e.g. an accuracy of 1.3. ``cut`` is set when it was."""
-    if not iv or iv["low"] is None or not bounds:
-        return iv
-    lo, hi = bounds if not difference else (bounds[0] - bounds[1], bounds[1] - bounds[0])
-    low, high = max(iv["low"], lo), min(iv["high"], hi)
-    return {**iv, "low": low, "high": high, "cut": (low, high) != (iv["low"], iv["high"])}
 
 
 def _ci(iv: dict | None) -> str:

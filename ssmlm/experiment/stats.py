@@ -95,3 +95,13 @@ def over_seeds(summaries: list[dict], seeds: list[int]) -> dict:
             if isinstance(v, float):
                 out[kind][k] = spread([get(s)[k] for s in summaries])
     return out
+
+
+def cut(iv: dict | None, bounds, difference: bool = False) -> dict | None:
+    """The interval cut at the metric's bounds (a difference's at ±their span): a t-interval from few seeds can
+    reach past what the metric can be, e.g. an accuracy of 1.3. ``cut`` is set when it was."""
+    if not iv or iv["low"] is None or not bounds:
+        return iv
+    lo, hi = bounds if not difference else (bounds[0] - bounds[1], bounds[1] - bounds[0])
+    low, high = max(iv["low"], lo), min(iv["high"], hi)
+    return {**iv, "low": low, "high": high, "cut": (low, high) != (iv["low"], iv["high"])}

@@ -21,7 +21,15 @@ import copy
 import math
 from pathlib import Path
 
-from ssmlm.experiment.stats import BOOTSTRAP_FROM, BOOTSTRAP_RESAMPLES, LEVEL, MIN_N, mean_interval, paired_difference
+from ssmlm.experiment.stats import (
+    BOOTSTRAP_FROM,
+    BOOTSTRAP_RESAMPLES,
+    LEVEL,
+    MIN_N,
+    cut,
+    mean_interval,
+    paired_difference,
+)
 
 BOUNDS = (0.0, 1.0)  # the probes' metrics are accuracies
 COLUMNS = (
@@ -126,13 +134,8 @@ def summarized(sweep: dict) -> dict:
 
 
 def clipped(iv: dict | None, difference: bool = False) -> dict | None:
-    """The interval cut to the accuracy's [0, 1] (a difference's to [-1, 1]), as report.cut does: a t interval
-    from three seeds can reach past what an accuracy can be. ``cut`` is set when it was."""
-    if not iv or iv["low"] is None:
-        return iv
-    lo, hi = (BOUNDS[0] - BOUNDS[1], BOUNDS[1] - BOUNDS[0]) if difference else BOUNDS
-    low, high = max(iv["low"], lo), min(iv["high"], hi)
-    return {**iv, "low": low, "high": high, "cut": (low, high) != (iv["low"], iv["high"])}
+    """The interval cut to the accuracy's [0, 1] (a difference's to [-1, 1]): stats.cut at the probes' bounds."""
+    return cut(iv, BOUNDS, difference)
 
 
 def _cell_text(cell: dict, iv: dict | None, n_seeds: int, sign: str = "") -> str:
