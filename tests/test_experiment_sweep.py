@@ -181,9 +181,17 @@ def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(t
                 cell = sweep["arms"][arm][e][b]
                 assert cell["error"] is None and set(cell["values"]) == {"0"}
     assert res["arms"]["ssm-clm"]["values"]["0"] == sweep["arms"]["ssm-clm"]["copy"]["4"]["values"]["0"]
+    # the run time counts every training run, from the runs' own summaries: a second invocation that reuses them
+    # all reports the same
+    t = res["run_time"]
+    summaries = [json.loads(p.read_text())["seconds_total"] for p in out.glob("runs/*/seed0/*/summary.json")]
+    assert len(summaries) == 10 and t["evaluations"] == 12 and t["jobs"] == 1
+    assert t["pretrain"] + t["finetune"] == pytest.approx(sum(summaries), abs=0.2) and t["pretrain"] > 0
+    assert "Run time: " in (out / "results.md").read_text()
     r2 = invoke("experiment", path, "--out", out, code=None)
     assert r2.exit_code == 0, r2.output
     assert r2.output.count("(reused)") == 22
+    assert json.loads((out / "results.json").read_text())["run_time"] == t
     # a probe lost (or killed before it finished) is run again, alone: the pretraining it starts from is reused
     import shutil
 

@@ -139,9 +139,24 @@ def markdown(res: dict, warnings: bool = True) -> str:
             "Grid: the point with the best mean final validation metric was selected per arm; the numbers "
             "above are the separate test split's."
         ]
+    if res.get("run_time"):
+        text += [run_time_line(res["run_time"])]
     if warnings and res.get("warnings"):
         notes = [*notes, *([""] if notes else []), *warning_lines(res["warnings"])]
     return "\n".join(text + ([""] + notes if notes else [])) + "\n"
+
+
+def run_time_line(t: dict) -> str:
+    """What the file's training runs took, all invocations together (runner.training_seconds)."""
+    from ssmlm.experiment.eta import fmt_time
+
+    total = t["pretrain"] + t["finetune"]
+    per = f", ~{fmt_time(total / t['jobs'])} at --jobs {t['jobs']}" if t["jobs"] > 1 else ""
+    return (
+        f"Run time: {fmt_time(total)} summed over the training runs{per} (pretraining {fmt_time(t['pretrain'])}, "
+        f"finetuning {fmt_time(t['finetune'])}; every launch, from each run's summary.json), plus "
+        f"{t['evaluations']} evaluations."
+    )
 
 
 def warning_lines(warnings: list[dict]) -> list[str]:

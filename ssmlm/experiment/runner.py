@@ -13,6 +13,7 @@ pays only where one run does not already use every core.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import traceback
 from collections import Counter
@@ -185,11 +186,22 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
         runner.run(later_jobs(exp, plan, chosen))
     arms = {arm: collect_arm(exp, plan, runner, arm, chosen[arm], grids.get(arm)) for arm in exp.arms}
     res = summarize(exp, arms, time.time() - runner.t0, runner.warnings)
+    res["run_time"] = {**training_seconds(plan), "evaluations": len(plan.of_kind("evaluate")), "jobs": jobs}
     if exp.budgets:
         from ssmlm.experiment.sweep_report import summarize_sweep
 
         res["sweep"] = summarize_sweep(collect_sweep(exp, plan, runner))
     return res
+
+
+def training_seconds(plan: Plan) -> dict[str, float]:
+    """Seconds per training stage, summed over its runs and all their launches (each summary.json's
+    seconds_total), so that a file run over several invocations, resumed or reused, is counted whole."""
+    out = {}
+    for kind in ("pretrain", "finetune"):
+        paths = [j.run_dir / "summary.json" for j in plan.of_kind(kind)]
+        out[kind] = round(sum(json.loads(p.read_text())["seconds_total"] for p in paths if p.exists()), 1)
+    return out
 
 
 def metric_value(exp: Experiment, result: dict, stage: str | None = None) -> float:
