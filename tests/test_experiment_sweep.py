@@ -82,18 +82,18 @@ def sweep_file(tmp: Path, **changes) -> Path:
 
 def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed():
     exp = load_experiment(SHIPPED)
-    assert exp.budgets == (100, 200, 400) and list(exp.probes) == ["copy"]
+    assert exp.budgets == (200, 400) and list(exp.probes) == ["copy"]
     plan = build_plan(exp, Path("/tmp/out"))
     pre = plan.of_kind("pretrain")
-    assert len(pre) == 4 * 3
-    assert {(j.recipe.train.steps, tuple(j.recipe.train.keep_steps)) for j in pre} == {(400, (100, 200, 400))}
+    assert len(pre) == 6 * 3
+    assert {(j.recipe.train.steps, tuple(j.recipe.train.keep_steps)) for j in pre} == {(400, (200, 400))}
     # the ETA's pretraining steps: each arm x seed's run once, not once per budget
-    assert sum(steps(j) for j in plan.jobs) == 4 * 3 * 400
+    assert sum(steps(j) for j in plan.jobs) == 6 * 3 * 400
     ft = plan.of_kind("finetune")
-    assert len(ft) == 4 * 3 * 3
-    assert sorted({j.recipe.train.init_step for j in ft}) == [100, 200, 400]
+    assert len(ft) == 6 * 3 * 2
+    assert sorted({j.recipe.train.init_step for j in ft}) == [200, 400]
     assert all(j.recipe.train.init_from == str(plan.by_key[j.deps[0]].run_dir) for j in ft)
-    assert len(plan.of_kind("evaluate")) == 4 * 3 * 3
+    assert len(plan.of_kind("evaluate")) == 6 * 3 * 2
     # a probe is the same finetuning for every arm: its recipes differ only in where they start
     import dataclasses
 
@@ -101,10 +101,10 @@ def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed
         return dataclasses.replace(j.recipe, train=dataclasses.replace(j.recipe.train, init_from=None)).to_yaml()
 
     at = [j for j in ft if j.seed == 1 and j.recipe.train.init_step == 200 and "/copy-" in j.key]
-    assert len(at) == 4 and len({probe_recipe(j) for j in at}) == 1
+    assert len(at) == 6 and len({probe_recipe(j) for j in at}) == 1
     lines = dry_run_lines(exp, Path("/tmp/out"))
     first = next(ln for ln in lines if ln.startswith("pretrain gated_ssm_plus-birdie seed 0"))
-    assert "serves 3 finetunings, from steps 100, 200, 400" in first
+    assert "serves 2 finetunings, from steps 200, 400" in first
     assert any("copy probe gated_ssm_plus-clm seed 2 from step 200" in ln and "at step 200" in ln for ln in lines)
 
 
