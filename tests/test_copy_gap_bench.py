@@ -1,0 +1,34 @@
+"""benchmarks/copy_gap.py: its rows, and that a model that can copy is scored as copying."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("copy_gap", ROOT / "benchmarks" / "copy_gap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rows_repeat_the_payload_after_the_gap_and_separator():
+    b = load_bench()
+    r = b.rows(np.random.default_rng(0), 5, k=3, gap=4, vocab=20)
+    assert r.shape == (5, 3 + 4 + 1 + 3)
+    assert (r[:, :3] == r[:, -3:]).all() and (r[:, 7] == b.SEP).all()
+    assert ((r[:, :3] >= b.PAYLOAD_FROM) & (r[:, :3] < 20)).all()
+    assert all(x in b.FILLER for x in r[:, 3:7].ravel())
+
+
+def test_a_transformer_learns_a_short_copy_and_the_table_says_so(capsys):
+    b = load_bench()
+    args = ["--archs", "transformer_lm", "--gaps", "2", "--seeds", "0", "--steps", "150", "--width", "32"]
+    assert b.main([*args, "--layers", "1"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split("|")
+    assert row[1].strip() == "transformer_lm" and row[2].strip() == "2"
+    assert float(row[3]) > 0.9  # chance: 1/54
+    assert b.main(["--gaps", "x"]) == 2 and "expected comma-separated whole numbers" in capsys.readouterr().err
