@@ -34,6 +34,15 @@ def rows(rng: np.random.Generator, n: int, k: int, gap: int, vocab: int) -> np.n
     return np.concatenate([x, f, np.full((n, 1), SEP), x], axis=1)
 
 
+def set_forget_bias(model, bias: float) -> None:
+    """The Gated SSMs' f_t = σ(W_f u + b_f) then starts near σ(bias) instead of σ(0) = 1/2 (flax's zero bias, as
+    the paper's listings leave it): a state that keeps ~σ(bias) of itself per token rather than half."""
+    import jax.numpy as jnp
+
+    for block in model.blocks:
+        block.w_f.bias.value = jnp.full_like(block.w_f.bias.value, bias)
+
+
 def run(arch: str, gap: int, seed: int, a) -> float:
     """Train one model; its copy accuracy on fresh rows."""
     import jax
@@ -56,6 +65,8 @@ def run(arch: str, gap: int, seed: int, a) -> float:
         bidirectional="none",
     )
     model = LanguageModel(cfg, rngs=nnx.Rngs(seed))
+    if a.forget_bias is not None:
+        set_forget_bias(model, a.forget_bias)
     opt = nnx.Optimizer(model, optax.adam(a.lr), wrt=nnx.Param)
 
     def scores(m, toks):
@@ -96,7 +107,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--forget-bias", type=float, default=None, help="gated_ssm(_plus) only: W_f's starting bias")
     a = ap.parse_args(argv)
+    if a.forget_bias is not None and not set(a.archs.split(",")) <= {"gated_ssm", "gated_ssm_plus"}:
+        print(f"error: --forget-bias: only for gated_ssm and gated_ssm_plus, not {a.archs!r}", file=sys.stderr)
+        return 2
     try:
         gaps, seeds = [int(g) for g in a.gaps.split(",")], [int(s) for s in a.seeds.split(",")]
     except ValueError:
@@ -115,8 +130,9 @@ def main(argv=None) -> int:
         os.environ["JAX_PLATFORMS"] = "cpu"  # as the CLI does: the CPU backend, without probing the others
     quiet_cuda_plugin()
     chance = 1 / (a.vocab - PAYLOAD_FROM)
+    bias = "" if a.forget_bias is None else f", forget bias {a.forget_bias:g}"
     print(f"copy {a.k} tokens across a gap, {a.steps} steps of {a.batch} rows, d {a.width}, {a.layers} layers, "
-          f"lr {a.lr}; chance {chance:.3f}", flush=True)  # fmt: skip
+          f"lr {a.lr}{bias}; chance {chance:.3f}", flush=True)  # fmt: skip
     print("| arch | gap | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% CI (t) | seconds |")
     print("|---|---:|" + "---:|" * len(seeds) + "---:|---|---:|", flush=True)
     for arch in a.archs.split(","):

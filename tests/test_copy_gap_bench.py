@@ -32,3 +32,23 @@ def test_a_transformer_learns_a_short_copy_and_the_table_says_so(capsys):
     assert row[1].strip() == "transformer_lm" and row[2].strip() == "2"
     assert float(row[3]) > 0.9  # chance: 1/54
     assert b.main(["--gaps", "x"]) == 2 and "expected comma-separated whole numbers" in capsys.readouterr().err
+    assert b.main(["--archs", "hawk", "--forget-bias", "3"]) == 2
+    assert "only for gated_ssm and gated_ssm_plus" in capsys.readouterr().err
+
+
+def test_the_forget_bias_sets_where_the_gated_ssm_forget_gates_start():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ssmlm.models.config import LMConfig
+    from ssmlm.models.lm import LanguageModel
+
+    b = load_bench()
+    cfg = LMConfig(arch="gated_ssm_plus", hidden_size=8, num_layers=2, state_size=8, num_heads=2, vocab_size=20,
+                   max_seq_length=8, bidirectional="none")  # fmt: skip
+    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    b.set_forget_bias(model, 3.0)
+    u = jnp.zeros((1, 8))  # a zero input: f = σ(b_f)
+    for block in model.blocks:
+        np.testing.assert_allclose(np.asarray(jax.nn.sigmoid(block.w_f(u))), 1 / (1 + np.exp(-3.0)), rtol=1e-6)
