@@ -40,7 +40,7 @@ def set_forget_bias(model, bias: float) -> None:
     import jax.numpy as jnp
 
     for block in model.blocks:
-        block.w_f.bias.value = jnp.full_like(block.w_f.bias.value, bias)
+        block.w_f.bias[...] = jnp.full_like(block.w_f.bias[...], bias)
 
 
 def run(arch: str, gap: int, seed: int, a) -> float:
