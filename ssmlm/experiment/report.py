@@ -140,7 +140,7 @@ def markdown(res: dict, warnings: bool = True) -> str:
             "above are the separate test split's."
         ]
     if res.get("run_time"):
-        text += [run_time_line(res["run_time"])]
+        text += ["", run_time_line(res["run_time"])]
     if warnings and res.get("warnings"):
         notes = [*notes, *([""] if notes else []), *warning_lines(res["warnings"])]
     return "\n".join(text + ([""] + notes if notes else [])) + "\n"
