@@ -58,7 +58,11 @@ def sweep_file(tmp: Path, **changes) -> Path:
             "copy": {
                 "finetune": {"recipe": "phonebook_tiny", "task": "phonebook",
                              "set": [*PROBE, "task.phonebook.entries=[1, 1]"]},
-                "evaluate": {"copy": {"task": "phonebook", "split": "test", "limit": 3, "chance": 0.01}},
+                "evaluate": {
+                    "copy": {"task": "phonebook", "split": "test", "limit": 3, "chance": 0.01},
+                    "copy-digits": {"task": "phonebook", "split": "test", "limit": 3, "metric": "digit_accuracy",
+                                    "chance": 0.1},
+                },
             },
             "lookup": {
                 "finetune": {"recipe": "phonebook_tiny", "task": "phonebook",
@@ -113,6 +117,9 @@ def test_the_dry_run_names_an_evaluation_on_books_of_other_sizes(tmp_path):
     looked = [ln for ln in lines if ln.startswith("evaluate lookup4 ")]
     assert len(looked) == 4 and all(ln.endswith("(books of 4 entries)") for ln in looked)
     assert not any("books of" in ln for ln in lines if ln.startswith("evaluate lookup2 "))
+    copies = [ln for ln in lines if ln.startswith("evaluate copy ")]
+    assert len(copies) == 4 and all(ln.endswith("; also scored as copy-digits (digit_accuracy)") for ln in copies)
+    assert not any(ln.startswith("evaluate copy-digits") for ln in lines)
 
 
 @pytest.mark.parametrize(
@@ -158,9 +165,21 @@ def test_sweep_errors_in_arms_and_probes(tmp_path):
     fails(lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(chance="low"), r"copy.chance: 'low': expected a")
     fails(lambda b: b["probes"]["lookup"]["evaluate"]["lookup4"].update(entries=[4, 2]), r"lookup4.entries: \[4, 2\]")
     fails(lambda b: b["probes"]["lookup"]["evaluate"].update(copy={"task": "phonebook"}), r"once in the file")
+    fails(lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(metric="digit accuracy"), r"copy.metric: 'digit acc")
     fails(
         lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(task="squad_v2", entries=2), r"only phone books have"
     )
+
+
+def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
+    exp = load_experiment(sweep_file(tmp_path))
+    plan = build_plan(exp, tmp_path / "out")
+    evals = plan.of_kind("evaluate")
+    assert len(evals) == 2 * 2 * 3  # arms x budgets x (copy, lookup2, lookup4): copy-digits adds no run
+    for arm in ("ssm-clm", "ssm-birdie"):
+        assert plan.sweep[(arm, 0, "copy-digits", 2)] == plan.sweep[(arm, 0, "copy", 2)]
+    stages = exp.evaluations()
+    assert stages["copy-digits"][1].metric == "digit_accuracy" and stages["copy"][1].metric is None
 
 
 def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(tmp_path):
@@ -178,11 +197,16 @@ def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(t
     assert {rec["entries"] for rec in looked["records"]} == {4}
     res = json.loads((out / "results.json").read_text())
     sweep = res["sweep"]
-    assert sweep["budgets"] == [2, 4] and list(sweep["evaluations"]) == ["copy", "lookup2", "lookup4"]
+    assert sweep["budgets"] == [2, 4] and list(sweep["evaluations"]) == ["copy", "copy-digits", "lookup2", "lookup4"]
+    assert sweep["evaluations"]["copy-digits"]["metric"] == "digit_accuracy"
+    for arm in ("ssm-clm", "ssm-birdie"):  # one evaluation run, read by two metrics
+        scored = json.loads((out / f"runs/{arm}/seed0/copy-step4/eval/phonebook-test.json").read_text())["metrics"]
+        assert sweep["arms"][arm]["copy-digits"]["4"]["values"] == {"0": scored["digit_accuracy"]}
+        assert sweep["arms"][arm]["copy"]["4"]["values"] == {"0": scored["number_accuracy"]}
     assert sweep["evaluations"]["lookup4"]["chance"] == 0.25
     assert "books of 4 entries" in sweep["evaluations"]["lookup4"]["about"]
     for arm in ("ssm-clm", "ssm-birdie"):
-        for e in ("copy", "lookup2", "lookup4"):
+        for e in ("copy", "copy-digits", "lookup2", "lookup4"):
             for b in ("2", "4"):
                 cell = sweep["arms"][arm][e][b]
                 assert cell["error"] is None and set(cell["values"]) == {"0"}

@@ -199,3 +199,15 @@ def test_one_seed_and_budgets_out_of_order(tmp_path):
     md = sweep_markdown(s)
     assert "(n.e.: n=1 < 3)" in md and "cannot tell at steps 200, 400, 800, 1600 (not estimable: n=1 < 3)" in md
     assert all(p.stat().st_size > 0 for p in sweep_plots(s, tmp_path))
+
+
+def test_an_evaluation_with_its_own_metric_says_so(tmp_path):
+    s = make_sweep()
+    s["evaluations"]["copy"] = {**s["evaluations"]["copy"], "metric": "digit_accuracy", "chance": 0.1}
+    md = sweep_markdown(s)
+    assert "### copy (digit_accuracy, 1-entry books, probe copy)" in md
+    assert "### lookup2 (number_accuracy, 2-entry books" in md
+    paths = write_sweep(s, tmp_path)
+    rows = list(csv.DictReader(paths["sweep_csv"].open()))
+    assert {r["metric"] for r in rows if r["evaluation"] == "copy"} == {"digit_accuracy"}
+    assert {r["metric"] for r in rows if r["evaluation"] != "copy"} == {"number_accuracy"}

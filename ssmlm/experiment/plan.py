@@ -134,7 +134,12 @@ def _sweep_plan(exp: Experiment, out: Path) -> Plan:
                     fj = Job(f"{arm}/seed{seed}/{run}", "finetune", label, seed_dir / run, r, arm=arm, seed=seed)
                     fj.deps = (pj.key,)
                     _add(plan, fj)
+                    shared: dict[tuple, str] = {}  # the same evaluation scored by another metric: one run
                     for ename, ev in probe.evaluations.items():
+                        same = (ev.split, ev.batch_size, ev.task, ev.limit, ev.entries)
+                        if same in shared:
+                            plan.sweep[(arm, seed, ename, budget)] = shared[same]
+                            continue
                         ej = Job(
                             f"{fj.key}/evaluate-{ename}",
                             "evaluate",
@@ -150,7 +155,7 @@ def _sweep_plan(exp: Experiment, out: Path) -> Plan:
                             seed=seed,
                         )
                         _add(plan, ej)
-                        plan.sweep[(arm, seed, ename, budget)] = ej.key
+                        plan.sweep[(arm, seed, ename, budget)] = shared[same] = ej.key
             first = next(iter(exp.evaluations()))
             chain["evaluate"] = plan.sweep[(arm, seed, first, top)]
             chain["finetune"] = plan.by_key[chain["evaluate"]].deps[0]
@@ -245,6 +250,14 @@ def _serves(plan: Plan, pre: Job) -> str:
     return f"; serves {len(served)} finetunings, from steps {', '.join(f'{s:,}' for s in steps)}"
 
 
+def _scored(exp: Experiment, plan: Plan, job: Job) -> str:
+    """ "; also scored as NAME (FIELD)": the other evaluations of a sweep that read this evaluation's run."""
+    stages = exp.evaluations()
+    names = [e for (_, _, e, _), k in plan.sweep.items() if k == job.key]
+    also = [f"{e} ({stages[e][1].metric or exp.metric.field})" for e in names[1:]]
+    return f"; also scored as {', '.join(also)}" if also else ""
+
+
 def dry_run_lines(exp: Experiment, out: Path) -> list[str]:
     """`ssmlm experiment --dry-run`: the runs in the order of work (seed by seed), what waits for a grid's
     selection, the metric and the reference."""
@@ -259,6 +272,7 @@ def dry_run_lines(exp: Experiment, out: Path) -> list[str]:
         lo, hi = job.entries or (0, 0)
         books = f" (books of {lo}{f'-{hi}' if hi > lo else ''} entries)" if job.entries else ""
         serves = _serves(plan, job) if exp.budgets and job.kind == "pretrain" else ""
+        serves += _scored(exp, plan, job) if exp.budgets and job.kind == "evaluate" else ""
         lines.append(f"{job.label}: {job.run_dir}{where}{start}{init}{books}{serves}")
     if "evaluate" in exp.stages and exp.grid:
         splits = ", ".join(sorted({a["evaluate"].split for a in exp.arms.values()}))

@@ -204,16 +204,16 @@ def training_seconds(plan: Plan) -> dict[str, float]:
     return out
 
 
-def metric_value(exp: Experiment, result: dict, stage: str | None = None) -> float:
-    """The metric's field in a run's result: an evaluation's metrics, or a training run's final validation."""
-    stage = stage or exp.metric.stage
+def metric_value(exp: Experiment, result: dict, stage: str | None = None, field: str | None = None) -> float:
+    """The metric's field (or ``field``) in a run's result: an evaluation's metrics, or a training run's final
+    validation."""
+    stage, field = stage or exp.metric.stage, field or exp.metric.field
     found = (result.get("metrics") if stage == "evaluate" else result.get("validation")) or {}
-    v = found.get(exp.metric.field)
+    v = found.get(field)
     if not isinstance(v, int | float) or isinstance(v, bool):
         where = "evaluation" if stage == "evaluate" else f"{stage} run's final validation"
-        raise UserError(
-            f"metric {exp.metric}: the {where} has no '{exp.metric.field}' (has {', '.join(found) or 'no metrics'})"
-        )
+        name = exp.metric if field == exp.metric.field else f"{stage}:{field}"
+        raise UserError(f"metric {name}: the {where} has no '{field}' (has {', '.join(found) or 'no metrics'})")
     return float(v)
 
 
@@ -280,6 +280,7 @@ def collect_arm(exp: Experiment, plan: Plan, runner: Runner, arm: str, pi: int, 
 def collect_sweep(exp: Experiment, plan: Plan, runner: Runner) -> dict:
     """A budget sweep's values: arm -> evaluation -> budget -> each seed's metric (and the first error)."""
     arms: dict[str, dict] = {}
+    stages = exp.evaluations()
     for (arm, seed, ename, budget), key in plan.sweep.items():
         cell = arms.setdefault(arm, {}).setdefault(ename, {}).setdefault(str(budget), {"values": {}, "error": None})
         o = runner.done.get(key)
@@ -287,14 +288,15 @@ def collect_sweep(exp: Experiment, plan: Plan, runner: Runner) -> dict:
             cell["error"] = cell["error"] or f"seed {seed}: {o.error if o else 'not run'}"
             continue
         try:
-            cell["values"][str(seed)] = metric_value(exp, o.result)
+            cell["values"][str(seed)] = metric_value(exp, o.result, field=stages[ename][1].metric)
         except UserError as e:
             cell["error"] = cell["error"] or f"seed {seed}: {e}"
     evaluations = {}
     for e, (probe, st) in exp.evaluations().items():
         key = next(k for (_, _, name, _), k in plan.sweep.items() if name == e)
         finetuning = plan.by_key[plan.by_key[key].deps[0]].recipe
-        evaluations[e] = {"probe": probe, "chance": st.chance, "about": _about(st, finetuning)}
+        field = st.metric or exp.metric.field
+        evaluations[e] = {"probe": probe, "metric": field, "chance": st.chance, "about": _about(st, finetuning)}
     reference = {a: exp.reference_of(a) for a in exp.arms if exp.reference_of(a)} if exp.reference else None
     return {
         "budgets": list(exp.budgets),

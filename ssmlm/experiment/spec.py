@@ -32,11 +32,15 @@ each of them; arms then give only their pretrain section:
         finetune: {recipe: phonebook_tiny, task: phonebook, set: [...]}
         evaluate:                      # one or more, each named; chance: the metric of a baseline (plotted)
           copy: {task: phonebook, split: test, limit: 100, chance: 0.0001}
+          copy-digits: {task: phonebook, split: test, limit: 100, metric: digit_accuracy, chance: 0.1}
       lookup:
         finetune: {...}
         evaluate:
           lookup2: {task: phonebook, split: test, limit: 100, chance: 0.5}
           lookup4: {task: phonebook, split: test, limit: 100, entries: 4, chance: 0.25}   # 4-entry books
+
+An evaluation's ``metric`` scores it by another field of its result than the file's metric; evaluations of a probe
+that differ only in their metric and chance share one evaluation run.
 
 Top-level keys starting with ``x-`` are ignored (a place for YAML anchors), a list inside ``set`` is spliced in
 (``set: [*model, *task, train.steps=20]``), and ``${NAME}`` in ``set`` and ``ckpt`` is the environment variable
@@ -68,6 +72,7 @@ STAGE_KEYS = {
 TOP_KEYS = {"description", "seeds", "stages", "metric", "goal", "bounds", "reference", "arms", "grid"}
 TOP_KEYS |= {"budgets", "probes"}  # a budget sweep
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a metric field of a result, e.g. digit_accuracy
 ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 LOWER_IS_BETTER = ("loss", "perplexity", "error")
 
@@ -91,6 +96,7 @@ class Stage:
     step: int | None = None  # finetune: start from the pretraining checkpoint at this step (train.init_step)
     entries: tuple[int, int] | None = None  # evaluate: phone books of this many entries, not the finetuning books'
     chance: float | None = None  # a probe's evaluation: the metric of a baseline that does not retrieve
+    metric: str | None = None  # a probe's evaluation: the result field it is scored by (None: the file's metric's)
     analyses: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # analyze: (NAME, its options)
 
 
@@ -244,8 +250,11 @@ def _sweep(raw: dict, stages: tuple[str, ...], fail) -> tuple[tuple[int, ...], d
             chance = ebody.pop("chance", None) if isinstance(ebody, dict) else None
             if chance is not None and not (isinstance(chance, int | float) and not isinstance(chance, bool)):
                 raise fail(f"{efield}.chance", f"{chance!r}: expected a number (the metric of a baseline)")
+            field_name = ebody.pop("metric", None) if isinstance(ebody, dict) else None
+            if field_name is not None and not (isinstance(field_name, str) and FIELD.match(field_name)):
+                raise fail(f"{efield}.metric", f"{field_name!r}: expected a result field, e.g. digit_accuracy")
             st = _section("evaluate", ebody, efield, fail)
-            evals[ename] = dataclasses.replace(st, chance=None if chance is None else float(chance))
+            evals[ename] = dataclasses.replace(st, chance=None if chance is None else float(chance), metric=field_name)
         probes[name] = Probe(ft, evals)
     return tuple(sorted(b)), probes
 

@@ -8,7 +8,8 @@ The sweep as the runner gives it:
     budgets: [200, 400, 800, 1600]
     metric: number_accuracy
     seeds: [0, 1, 2]
-    evaluations: {copy: {probe: copy, chance: 0.0001, about: 1-entry books}, ...}   # the file's order
+    evaluations: {copy: {probe: copy, chance: 0.0001, about: 1-entry books}, ...}   # the file's order; an
+                                                  # evaluation's own metric, if it has one: its "metric"
     arms: {ARM: {EVAL: {BUDGET (str): {values: {SEED: float}, error: str | None}}}}
     reference: {ARM: ITS_REFERENCE} | ARM | None                                      # paired by seed
 
@@ -35,6 +36,7 @@ BOUNDS = (0.0, 1.0)  # the probes' metrics are accuracies
 COLUMNS = (
     "arm",
     "evaluation",
+    "metric",
     "probe",
     "budget",
     "n",
@@ -123,6 +125,11 @@ def summarize_sweep(sweep: dict) -> dict:
         f"estimable from fewer than {MIN_N} values or values with zero spread"
     )
     return out
+
+
+def metric_of(s: dict, ev: str) -> str:
+    """The result field evaluation ``ev`` is scored by: its own, else the file's."""
+    return s["evaluations"][ev].get("metric") or s["metric"]
 
 
 def summarized(sweep: dict) -> dict:
@@ -238,13 +245,14 @@ def sweep_markdown(summary: dict) -> str:
     s = summarized(summary)
     seeds, budgets = s["seeds"], s["budgets"]
     text = [
-        f"Budget sweep: {s['metric']} after each probe's finetuning from the checkpoint at every pretraining "
-        f"budget (steps {', '.join(map(str, budgets))}), {n_seeds(len(seeds))} {list(seeds)}.",
+        f"Budget sweep: {s['metric']} (unless an evaluation names its own) after each probe's finetuning from the "
+        f"checkpoint at every pretraining budget (steps {', '.join(map(str, budgets))}), "
+        f"{n_seeds(len(seeds))} {list(seeds)}.",
     ]
     was_cut, errors = False, []
     for ev, e in s["evaluations"].items():
         table, cut_here = _level_table(s, ev)
-        what = ", ".join(x for x in (e.get("about"), f"probe {e.get('probe')}") if x)
+        what = ", ".join(x for x in (metric_of(s, ev), e.get("about"), f"probe {e.get('probe')}") if x)
         text += ["", f"### {ev} ({what})", "", *table]
         was_cut |= cut_here
         if any(reference_of(s, arm) for arm in s["arms"]):
@@ -263,7 +271,7 @@ def sweep_markdown(summary: dict) -> str:
         for ev, e in s["evaluations"].items()
         if e.get("chance") is not None
     )
-    text += ["", f"Chance, the accuracy of copying a random entry of the book without matching the name: {chance}."]
+    text += ["", f"Chance, each evaluation's metric for a model that does not read what it is asked for: {chance}."]
     text += [
         f"Intervals: {LEVEL:.0%} {s['interval']} (n.e.: not estimable, the reason given; the mean stands). "
         "Above chance from step N: the first budget whose interval is estimable and lies wholly above chance."
@@ -291,6 +299,7 @@ def csv_rows(summary: dict) -> list[dict]:
                     {
                         "arm": arm,
                         "evaluation": ev,
+                        "metric": metric_of(s, ev),
                         "probe": s["evaluations"][ev].get("probe"),
                         "budget": b,
                         "n": iv.get("n", 0),
@@ -383,7 +392,7 @@ def _plot_evaluation(s: dict, ev: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     chance = e.get("chance")
     if chance is not None:
-        ax.axhline(chance, ls=":", color="0.35", lw=1.2, label=f"chance (random entry): {chance:g}", zorder=0)
+        ax.axhline(chance, ls=":", color="0.35", lw=1.2, label=f"chance: {chance:g}", zorder=0)
     style = styles(arms)
     for i, arm in enumerate(arms):
         _plot_arm(ax, s, ev, arm, style[arm], 0.045 * (i - (len(arms) - 1) / 2))
@@ -393,7 +402,7 @@ def _plot_evaluation(s: dict, ev: str, path: Path) -> Path:
     ax.set_xlim(budgets[0] / 2**0.4, budgets[-1] * 2**0.4)
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("pretraining budget (steps, log2 scale)")
-    ax.set_ylabel(f"{s['metric']} (greedy, exact)")
+    ax.set_ylabel(f"{metric_of(s, ev)} (greedy decoding)")
     ax.grid(color="0.92", lw=0.6)
     about = f" ({e['about']})" if e.get("about") else ""
     seeds = s["seeds"]
