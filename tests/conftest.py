@@ -1,7 +1,9 @@
 """Test environment: never touch the network, keep caches in temp dirs, share a JAX compile cache."""
 
+import importlib.util
 import os
 import tempfile
+from pathlib import Path
 
 # Set before anything imports datasets / huggingface_hub / jax.
 _TMP = tempfile.mkdtemp(prefix="ssmlm-tests-")
@@ -35,6 +37,15 @@ SUBJECTS = [
 VERBS = ["saw", "liked", "followed", "found", "helped", "watched", "called", "remembered"]
 OBJECTS = ["the garden", "a red ball", "the river", "an open window", "the tall tree", "a quiet house", "the market"]
 TAILS = ["in the morning", "after the rain", "before dinner", "near the bridge", "every day", "with great care"]
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ as a module: they are development tools, not part of the ssmlm package."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def english_lines(n: int, seed: int = 0) -> list[str]:

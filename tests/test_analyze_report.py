@@ -12,7 +12,6 @@ is opened headless, checked and screenshot.
 import base64
 import csv
 import html
-import importlib.util
 import io
 import json
 import re
@@ -24,15 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import english_lines, invoke, tiny_recipe
+from conftest import english_lines, invoke, load_benchmark, tiny_recipe
 
 from ssmlm.analyze.report import MAX_ROWS, PARTS
 
 ROOT = Path(__file__).resolve().parents[1]
 # the headless-Chromium checker is a development tool beside benchmarks/check_report.py, not part of ssmlm
-_spec = importlib.util.spec_from_file_location("page_check", ROOT / "benchmarks" / "page_check.py")
-page_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(page_check)
+page_check = load_benchmark("page_check")
 check_images, find_browser = page_check.check_images, page_check.find_browser
 inspect_page, screenshot = page_check.inspect_page, page_check.screenshot
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,22 +1,11 @@
 """benchmarks/copy_gap.py: its rows, and that a model that can copy is scored as copying."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("copy_gap", ROOT / "benchmarks" / "copy_gap.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_benchmark
 
 
 def test_rows_repeat_the_payload_after_the_gap_and_separator():
-    b = load_bench()
+    b = load_benchmark("copy_gap")
     r = b.rows(np.random.default_rng(0), 5, k=3, gap=4, vocab=20)
     assert r.shape == (5, 3 + 4 + 1 + 3)
     assert (r[:, :3] == r[:, -3:]).all() and (r[:, 7] == b.SEP).all()
@@ -25,7 +14,7 @@ def test_rows_repeat_the_payload_after_the_gap_and_separator():
 
 
 def test_a_transformer_learns_a_short_copy_and_the_table_says_so(capsys):
-    b = load_bench()
+    b = load_benchmark("copy_gap")
     args = ["--archs", "transformer_lm", "--gaps", "2", "--seeds", "0", "--steps", "150", "--width", "32"]
     assert b.main([*args, "--layers", "1"]) == 0
     row = capsys.readouterr().out.splitlines()[-1].split("|")
@@ -44,7 +33,7 @@ def test_the_forget_bias_sets_where_the_gated_ssm_forget_gates_start():
     from ssmlm.models.config import LMConfig
     from ssmlm.models.lm import LanguageModel
 
-    b = load_bench()
+    b = load_benchmark("copy_gap")
     cfg = LMConfig(arch="gated_ssm_plus", hidden_size=8, num_layers=2, state_size=8, num_heads=2, vocab_size=20,
                    max_seq_length=8, bidirectional="none")  # fmt: skip
     model = LanguageModel(cfg, rngs=nnx.Rngs(0))

@@ -1,21 +1,11 @@
 """benchmarks/pretrain_losses.py on a real (tiny) pretraining run laid out as an experiment's."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import corpus_dir, invoke
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("pretrain_losses", ROOT / "benchmarks" / "pretrain_losses.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import corpus_dir, invoke, load_benchmark
 
 
 def test_losses_and_passes_at_the_logged_steps(tmp_path, capsys):
@@ -37,7 +27,7 @@ def test_losses_and_passes_at_the_logged_steps(tmp_path, capsys):
     train4 = [r["loss"] for r in rows if "split" not in r and "loss" in r]
     assert len(train4) == 4
     meta = json.loads((Path(json.loads((run / "run.json").read_text())["data_dir"]) / "metadata.json").read_text())
-    b = load_bench()
+    b = load_benchmark("pretrain_losses")
     assert b.passes(run, 4) == pytest.approx(4 * 2 * 64 / meta["splits"]["train"]["tokens"])
     assert b.losses(run, 4) == (pytest.approx(sum(train4) / 4), val4)
     assert b.losses(run, 3)[1] is None  # no validation logged at step 3

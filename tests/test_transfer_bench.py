@@ -1,26 +1,17 @@
 """benchmarks/transfer.py (the data of experiments/transfer.yaml) and the shipped experiment files."""
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from conftest import english_lines
+from conftest import english_lines, load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks" / "transfer.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("transfer_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_passages_and_three_way_split():
-    t = load_bench()
+    t = load_benchmark("transfer")
     pars = t.paragraphs("CHAPTER I\n\n" + "\n\n".join(" ".join(english_lines(k, seed=k)) for k in range(1, 40)))
     assert pars[0] == "CHAPTER I" and "\n" not in pars[1]
     train, val, test = t.split_document(pars)
@@ -31,7 +22,7 @@ def test_passages_and_three_way_split():
 
 
 def test_prepared_data_keeps_test_text_out_of_pretraining_and_validation(tmp_path, monkeypatch):
-    t = load_bench()
+    t = load_benchmark("transfer")
     monkeypatch.setattr(t, "PER_CLASS", {"train": 20, "validation": 8, "test": 8})
     monkeypatch.setattr(t, "ORDER", {"train": 96, "validation": 64, "test": 64})
     docs = {}
@@ -91,7 +82,7 @@ def test_shipped_experiment_files_load(name, monkeypatch):
 
 def test_budget_table_cuts_intervals_at_the_accuracy_bounds(tmp_path):
     """A t-interval over 3 seeds can pass 100%; the budget table and plot show it cut at [0, 100]."""
-    t = load_bench()
+    t = load_benchmark("transfer")
     iv = lambda m, lo, hi: {"n": 3, "mean": m, "low": lo, "high": hi}  # noqa: E731
     arms = {f"bigs-random-{task}": {"interval": iv(0.9, 0.8, 1.0)} for task in t.TASKS}
     arms["bigs-pretrained200-order"] = {"interval": iv(0.85, 0.69, 1.014), "difference": iv(-0.05, -0.2, 0.1)}
@@ -102,7 +93,7 @@ def test_budget_table_cuts_intervals_at_the_accuracy_bounds(tmp_path):
 
 def test_budget_table_marks_intervals_that_are_not_estimable(tmp_path):
     """Equal accuracies over the seeds give a zero-width interval: the table says it is not estimable."""
-    t = load_bench()
+    t = load_benchmark("transfer")
     flat = {"n": 3, "mean": 0.972, "low": 0.972, "high": 0.972, "estimable": False, "reason": "zero spread"}
     arms = {f"bigs-random-{task}": {"interval": flat} for task in t.TASKS}
     diff = {"n": 2, "mean": 0.02, "low": -0.1, "high": 0.14, "estimable": False, "reason": "n=2 < 3"}
