@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -229,10 +230,14 @@ def test_experiment_runs_and_second_invocation_reuses_every_run(setup):
     r3 = run_experiment(path, out, "--jobs", "2")
     assert r3.exit_code == 0, r3.output
     assert r3.output.count("(reused)") == 6
-    running = 0
+    running, counts = 0, []
     for line in r3.output.splitlines():
         running += (" start " in line) - (" done " in line)
         assert running <= 2, r3.output
+        if m := re.match(r"\[(\d+)/6\] (start|done) ", line):
+            counts.append(int(m[1]))
+    # every line counts the runs done, so the count never goes back even when two runs start before one ends
+    assert counts[0] == 0 and counts[-1] == 6 and counts == sorted(counts), r3.output
 
 
 def test_a_failing_arm_is_reported_failed_and_the_others_still_run(setup):

@@ -211,6 +211,8 @@ def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(t
                 cell = sweep["arms"][arm][e][b]
                 assert cell["error"] is None and set(cell["values"]) == {"0"}
     assert res["arms"]["ssm-clm"]["values"]["0"] == sweep["arms"]["ssm-clm"]["copy"]["4"]["values"]["0"]
+    # and results.md's first table says it is that cell: the first evaluation, from the largest budget
+    assert "copy from the largest budget (step 4)" in (out / "results.md").read_text().splitlines()[0]
     # the run time counts every training run, from the runs' own summaries: a second invocation that reuses them
     # all reports the same
     t = res["run_time"]

@@ -119,6 +119,8 @@ def markdown(res: dict, warnings: bool = True) -> str:
             row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv)] + [delta, _ci(d) if d else "–"] * compare
         lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
     what = f"{res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better)"
+    if sweep := res.get("sweep"):  # this table is one cell of the sweep's: say which
+        what += f", {next(iter(sweep['evaluations']))} from the largest budget (step {max(sweep['budgets']):,})"
     text = [f"{res['name']}: {what}, {seeds(len(res['seeds']))} {res['seeds']}", "", *lines]
     text += ["", f"95% CI: {res['interval']}."]
     if unsure:
@@ -166,6 +168,7 @@ def warning_lines(warnings: list[dict]) -> list[str]:
         runs.setdefault(w["warning"], []).append(w["run"])
     return [
         "Warnings the runs gave (each run's summary.json keeps its own):",
+        "",
         *(f"- {', '.join(names)}: {text}" for text, names in runs.items()),
     ]
 

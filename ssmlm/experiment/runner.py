@@ -52,7 +52,6 @@ class Runner:
         self.total = self.eta.total
         self.done: dict[str, Outcome] = {}
         self.jobs_by_key: dict[str, Job] = {}
-        self.started = 0  # runs started (those not run for a failed dependency count as started)
         self.warnings: list[dict] = []  # each training run's distinct recorded warnings, in the order they came
         self.t0 = self.eta.t0
 
@@ -83,7 +82,6 @@ class Runner:
             failed = next((d for d in job.deps if not self.done[d].ok), None)
             if failed is None:
                 return job
-            self.started += 1
             self._finish(job, Outcome(False, error=self.done[failed].error), f"not run: {failed} failed")
         return None
 
@@ -128,8 +126,8 @@ class Runner:
         return Outcome(False, error=first_line(e))
 
     def _start(self, job: Job) -> None:
-        self.started += 1
-        self.echo(f"[{self.started}/{self.total}] start {job.label}")
+        # the runs done so far, as on the "done" lines: with --jobs a count of runs started would run ahead of it
+        self.echo(f"[{len(self.done)}/{self.total}] start {job.label}")
 
     def _finish(self, job: Job, o: Outcome, how: str | None = None) -> None:
         self.done[job.key] = o
