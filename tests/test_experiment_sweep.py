@@ -233,3 +233,27 @@ def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(t
     assert r3.output.count("(reused)") == 20
     ran = [ln for ln in r3.output.splitlines() if " done " in ln and "(reused)" not in ln]
     assert len(ran) == 2 and "copy probe ssm-clm seed 0 from step 4" in ran[0] and "evaluate copy ssm-clm" in ran[1]
+    # an evaluation run again by hand with another --limit writes the same file: the experiment scores it again
+    # at its own limit rather than reading the other as its own
+    looked = out / "runs/ssm-birdie/seed0/lookup-step2"
+    invoke("evaluate", "--ckpt", looked, "--task", "phonebook", "--split", "test", "--limit", "1")
+    assert json.loads((looked / "eval/phonebook-test.json").read_text())["metrics"]["books"] == 1
+    r4 = invoke("experiment", path, "--out", out, code=None)
+    assert r4.exit_code == 0, r4.output
+    ran = [ln for ln in r4.output.splitlines() if " done " in ln and "(reused)" not in ln]
+    assert len(ran) == 1 and "evaluate lookup2 ssm-birdie seed 0 step 2" in ran[0], r4.output
+    again = json.loads((looked / "eval/phonebook-test.json").read_text())
+    assert again["limit"] == 3 and again["metrics"]["books"] == 3
+
+
+def test_an_evaluation_of_other_settings_is_not_reused(tmp_path):
+    from ssmlm.experiment.execute import _stale
+    from ssmlm.experiment.plan import Job
+
+    job = Job("a/seed0/copy-step4/evaluate-copy", "evaluate", "evaluate copy", tmp_path, task="phonebook", limit=3)
+    (tmp_path / "summary.json").write_text(json.dumps({"final_step": 8}))
+    assert not _stale({"step": 8, "limit": 3}, job)
+    assert _stale({"step": 8, "limit": 1}, job)  # run by hand with --limit 1
+    assert _stale({"step": 8, "limit": None}, job)  # every book, not the file's 3
+    assert _stale({"step": 4, "limit": 3}, job)  # the run was trained on after it
+    assert not _stale({"step": 8}, job)  # written before evaluations recorded their limit

@@ -56,7 +56,7 @@ def evaluate_lm_task(
         gen = load_generator(run.dir)
     request = EvalRequest(data_dir, validation_file, limit, batch_size, split, entries)
     out = function(LM_TASKS[task].evaluation)(run, gen, request)
-    return {"run": str(run.dir), "task": task, "split": split, "step": gen.step, **out}
+    return {"run": str(run.dir), "task": task, "split": split, "step": gen.step, "limit": limit, **out}
 
 
 def phonebook(run: Run, gen, request: EvalRequest) -> dict:
@@ -119,6 +119,7 @@ def _harness(run: Run, task: str, include_path: str | None, limit: int | None, b
         "task": "lm-eval",
         "split": "harness",
         "step": step,
+        "limit": limit,
         "metrics": metrics,
         "harness": results.get("results", {}),
     }

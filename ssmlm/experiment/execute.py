@@ -1,7 +1,8 @@
 """Running one job of the plan in this process, by the functions the CLI calls: a training run through
 ssmlm.train.drive, an evaluation as `ssmlm evaluate` writes it (RUN/eval/TASK-SPLIT.json), an analysis as
-`ssmlm analyze NAME --ckpt RUN` does. A run whose summary.json (an evaluation whose JSON, an analysis whose marker)
-exists is reused; an unfinished training run resumes from its newest checkpoint (the driver's own rule)."""
+`ssmlm analyze NAME --ckpt RUN` does. A run whose summary.json (an analysis whose marker) exists is reused, and an
+evaluation whose JSON exists and scored the job's limit at the run's final step (`ssmlm evaluate` by hand writes
+the same file); an unfinished training run resumes from its newest checkpoint (the driver's own rule)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def _evaluate(job: Job) -> tuple[dict, bool]:
 
     run = open_run(job.run_dir)
     path = run.dir / "eval" / result_name(job.task or run.info.get("task") or run.kind, job.split, job.entries)
-    if path.is_file():
-        return json.loads(path.read_text()), True
+    if path.is_file() and not _stale(done := json.loads(path.read_text()), job):
+        return done, True
     from ssmlm.evaluate.run import evaluate_run  # what `ssmlm evaluate` runs
 
     result = evaluate_run(
@@ -51,6 +52,17 @@ def _evaluate(job: Job) -> tuple[dict, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(result, indent=2))
     return result, False
+
+
+def _stale(result: dict, job: Job) -> bool:
+    """An evaluation of other settings than the job's: another limit (one run by hand with --limit), or an
+    earlier step than the run's last (the run was trained on after it). Results without the fields are older
+    files and are taken as they are."""
+    if result.get("limit", job.limit) != job.limit:
+        return True
+    summary = job.run_dir / "summary.json"
+    final = json.loads(summary.read_text()).get("final_step") if summary.is_file() else None
+    return final is not None and result.get("step", final) != final
 
 
 def _analyze(job: Job) -> tuple[dict, bool]:
