@@ -325,6 +325,9 @@ def test_summarize_tables():
         "digit_accuracy": 25 / 30,
     }
     assert [entry_bin(n) for n in (1, 7, 8, 15, 16, 800)] == ["1-7", "1-7", "8-15", "8-15", "16-31", "512+"]
+    assert "empty_replies" not in m  # records without their text: nothing to say
+    said = [{**r, "generated": g} for r, g in zip(recs, ["0471", " \n", "", "12"], strict=True)]
+    assert summarize(said)["empty_replies"] == 0.5
 
 
 # ----------------------------------------------------------------------------- a tiny LM run

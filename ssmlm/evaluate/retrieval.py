@@ -71,7 +71,8 @@ def _table(groups: dict) -> dict:
 def summarize(records: list[dict]) -> dict:
     """Overall per-number and all-k accuracy (fractions in [0, 1]), and the same per number of queries
     ("by_queries", keys "1".."32" ascending) and per entry-count bin ("by_entries", keys in bin order).
-    ``records``: dicts with "entries", "queries", "correct", "all_correct"."""
+    ``records``: dicts with "entries", "queries", "correct", "all_correct" (and "generated": the share of empty
+    replies is given too)."""
     by_k: dict[str, list] = {}
     by_n: dict[str, list] = {}
     for r in sorted(records, key=lambda r: (r["queries"], r["entries"])):
@@ -79,12 +80,14 @@ def summarize(records: list[dict]) -> dict:
     for r in sorted(records, key=lambda r: r["entries"]):
         by_n.setdefault(entry_bin(r["entries"]), []).append(r)
     queries = sum(r["queries"] for r in records)
-    return {
+    out = {
         "books": len(records),
         "numbers": queries,
         "number_accuracy": sum(r["correct"] for r in records) / max(1, queries),
         "all_correct": sum(bool(r["all_correct"]) for r in records) / max(1, len(records)),
         "digit_accuracy": _digit_accuracy(records),
-        "by_queries": _table(by_k),
-        "by_entries": _table(by_n),
     }
+    if records and all("generated" in r for r in records):
+        # a model that ends its reply at once scores below a guesser's chance: say so beside the accuracies
+        out["empty_replies"] = sum(not r["generated"].strip() for r in records) / len(records)
+    return {**out, "by_queries": _table(by_k), "by_entries": _table(by_n)}
