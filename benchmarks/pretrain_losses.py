@@ -1,8 +1,8 @@
 """How far each pretraining run of an experiment got at given steps: the training loss (the mean of the losses
-logged over the 100 steps up to the step), the validation loss logged at the step, their gap, and how many passes
-over its training split the run had made by then. A gap that grows with the passes is a model memorising a
-corpus too small for the budget, which a budget sweep (experiments/birdie_budget.yaml) must not read as
-"more pretraining".
+logged over the last quarter of the steps up to the step, at most 100), the validation loss logged at the step,
+their gap, and how many passes over its training split the run had made by then. A gap that grows with the
+passes is a model memorising a corpus too small for the budget, which a budget sweep
+(experiments/birdie_budget.yaml) must not read as "more pretraining".
 
     python benchmarks/pretrain_losses.py runs/experiments/birdie_budget --steps 100,200,400
 
@@ -21,7 +21,13 @@ from pathlib import Path
 
 import yaml
 
-WINDOW = 100  # training steps averaged for the training loss
+WINDOW = 100  # at most this many training steps are averaged for the training loss
+
+
+def window(step: int) -> int:
+    """Steps averaged for the training loss at ``step``: early in a run the loss falls fast, and a mean reaching
+    back to the first steps would sit above the validation loss read at the step."""
+    return max(1, min(WINDOW, step // 4))
 
 
 def passes(run: Path, step: int) -> float | None:
@@ -36,9 +42,9 @@ def passes(run: Path, step: int) -> float | None:
 
 
 def losses(run: Path, step: int) -> tuple[float | None, float | None]:
-    """(training loss over the WINDOW steps up to ``step``, validation loss at ``step``)."""
+    """(training loss over the window(step) steps up to ``step``, validation loss at ``step``)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train = [r["loss"] for r in rows if "split" not in r and "loss" in r and step - WINDOW < r["step"] <= step]
+    train = [r["loss"] for r in rows if "split" not in r and "loss" in r and step - window(step) < r["step"] <= step]
     val = [r["lm_loss"] for r in rows if r.get("split") == "validation" and r["step"] == step and "lm_loss" in r]
     return (statistics.mean(train) if train else None), (val[-1] if val else None)
 

@@ -8,7 +8,7 @@ import yaml
 from conftest import corpus_dir, invoke, load_benchmark
 
 
-def test_losses_and_passes_at_the_logged_steps(tmp_path, capsys):
+def test_losses_and_passes_at_the_logged_steps(tmp_path, capsys, monkeypatch):
     out = tmp_path / "exp"
     recipe = {
         "base": "lm_tiny",
@@ -29,12 +29,17 @@ def test_losses_and_passes_at_the_logged_steps(tmp_path, capsys):
     meta = json.loads((Path(json.loads((run / "run.json").read_text())["data_dir"]) / "metadata.json").read_text())
     b = load_benchmark("pretrain_losses")
     assert b.passes(run, 4) == pytest.approx(4 * 2 * 64 / meta["splits"]["train"]["tokens"])
+    # the training loss is the mean over the last quarter of the steps, at most 100: here step 4 alone
+    assert [b.window(s) for s in (4, 100, 400, 1600)] == [1, 25, 100, 100]
+    assert b.losses(run, 4) == (pytest.approx(train4[-1]), val4)
+    monkeypatch.setattr(b, "window", lambda step: 4)
     assert b.losses(run, 4) == (pytest.approx(sum(train4) / 4), val4)
+    monkeypatch.undo()
     assert b.losses(run, 3)[1] is None  # no validation logged at step 3
     assert b.main([str(out), "--steps", "2,3,4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| clm | 1 | 2 |") and lines[3].startswith("| clm | 1 | 4 |")
-    assert lines[3].endswith(f"| {val4 - sum(train4) / 4:+.3f} |")
+    assert lines[3].endswith(f"| {val4 - train4[-1]:+.3f} |")
     assert b.main([str(out), "--steps", "two"]) == 2
     with pytest.raises(SystemExit, match="no pretraining runs"):
         b.main([str(tmp_path / "empty")])
