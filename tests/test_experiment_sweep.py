@@ -112,6 +112,17 @@ def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed
     assert any("copy probe gated_ssm_plus-clm seed 2 from step 200" in ln and "at step 200" in ln for ln in lines)
 
 
+def test_the_fig1b_sweep_file_runs_the_same_probe_on_five_training_procedures():
+    exp, main = load_experiment(SHIPPED.with_name("birdie_budget_1b.yaml")), load_experiment(SHIPPED)
+    assert list(exp.arms) == ["clm", "ul2", "birdie_causal", "birdie_fixed", "birdie"]
+    assert all(exp.reference_of(a) == "clm" for a in exp.arms if a != "clm")
+    assert exp.budgets == main.budgets and exp.probes == main.probes
+    plan = build_plan(exp, Path("/tmp/out"))
+    recipes = [j.recipe for j in plan.of_kind("pretrain")]
+    assert {r.model.arch for r in recipes} == {"gated_ssm"}
+    assert [r.objective.mixture for r in recipes] == ["clm", "ul2", "birdie", "birdie_fixed", "birdie"]
+
+
 def test_the_dry_run_names_an_evaluation_on_books_of_other_sizes(tmp_path):
     lines = dry_run_lines(load_experiment(sweep_file(tmp_path)), tmp_path / "out")
     looked = [ln for ln in lines if ln.startswith("evaluate lookup4 ")]
