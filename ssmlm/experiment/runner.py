@@ -290,7 +290,7 @@ def collect_sweep(exp: Experiment, plan: Plan, runner: Runner) -> dict:
         except UserError as e:
             cell["error"] = cell["error"] or f"seed {seed}: {e}"
     evaluations = {}
-    for e, (probe, st) in exp.evaluations().items():
+    for e, (probe, st) in stages.items():
         key = next(k for (_, _, name, _), k in plan.sweep.items() if name == e)
         finetuning = plan.by_key[plan.by_key[key].deps[0]].recipe
         field = st.metric or exp.metric.field
