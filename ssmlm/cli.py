@@ -949,9 +949,9 @@ def cpu_only_host() -> bool:
 def main() -> None:
     if "JAX_PLATFORMS" not in os.environ and cpu_only_host():
         os.environ["JAX_PLATFORMS"] = "cpu"  # a CPU machine: the CPU backend, without probing the others
-        from ssmlm.targets import quiet_cuda_plugin
+    from ssmlm.targets import quiet_cuda_plugin
 
-        quiet_cuda_plugin()  # the gpu-aot extra on a CPU machine
+    quiet_cuda_plugin()  # the gpu-aot extra on a CPU-only process (JAX_PLATFORMS=cpu, set here or by the user)
     try:
         app()
     except SystemExit as e:

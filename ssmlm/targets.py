@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
 import importlib.util
 import math
 import os
@@ -474,8 +475,17 @@ def _gpu_devices(topology: str, target_config: str) -> tuple:
     return tuple(found)
 
 
+def cuda_plugin_spec():
+    """The gpu-aot extra's CUDA plugin module spec, or None. A plain install has no ``jax_plugins`` package at all,
+    and find_spec raises for a submodule of a missing package instead of returning None."""
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except ModuleNotFoundError:
+        return None
+
+
 def _cuda_plugin_path() -> Path:
-    spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    spec = cuda_plugin_spec()
     library = Path(next(iter(spec.submodule_search_locations or ()), "")) / "xla_cuda_plugin.so" if spec else None
     if library is None or not library.exists():
         raise UserError("compiling for NVIDIA GPUs needs jax's CUDA plugin: pip install 'ssmlm[gpu-aot]'")
@@ -524,14 +534,60 @@ def native_stderr_quieted():
 def quiet_cuda_plugin() -> None:
     """On a CPU-only process (JAX_PLATFORMS=cpu) with the gpu-aot extra installed, hold back the CUDA plugin's
     native start-up lines: its import prints "Could not find cuda drivers" three times, and its registration with
-    jax (``initialize``, called when jax first starts its backends) once more, each with an absl warning."""
-    import functools
-    import importlib.util
+    jax (``initialize``, called when jax first starts its backends) once more, each with an absl warning.
 
-    if os.environ.get("JAX_PLATFORMS") != "cpu" or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    Lazily: importing the plugin imports jax, seconds that a command's quick refusal must not spend, so only a
+    finder is installed here. It quiets the imports that print: the plugin's CUDA extensions (``jax_cuda12_plugin``,
+    which jaxlib loads while jax is imported) and the plugin module, which jax's discovery imports when its backends
+    start. Only those, each brief: a line another thread prints meanwhile (a command's start line) is held back too.
+    """
+    if os.environ.get("JAX_PLATFORMS") != "cpu" or cuda_plugin_spec() is None:
         return
-    with native_stderr_quieted():
-        import jax_plugins.xla_cuda12 as plugin
+    plugin = sys.modules.get(_CUDA_PLUGIN)
+    if plugin is not None:  # jax already started: only its registration is left to quiet
+        _quiet_initialize(plugin)
+    elif not any(isinstance(f, _QuietCudaPluginFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietCudaPluginFinder())
+
+
+_CUDA_PLUGIN = "jax_plugins.xla_cuda12"
+
+
+class _QuietCudaPluginFinder(importlib.abc.MetaPathFinder):
+    """Finds the CUDA plugin's modules as the other finders do, with a loader that runs their imports quietly."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _CUDA_PLUGIN and name.partition(".")[0] != "jax_cuda12_plugin":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            found = finder.find_spec(name, path, target)
+            if found is not None:
+                found.loader = _QuietLoader(found.loader)
+                return found
+        return None
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):  # resource readers and the rest: the real loader's
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):  # an extension module is loaded (and prints) here
+        with native_stderr_quieted():
+            return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with native_stderr_quieted():
+            self.loader.exec_module(module)
+        if module.__name__ == _CUDA_PLUGIN:
+            _quiet_initialize(module)
+
+
+def _quiet_initialize(plugin) -> None:
     initialize = plugin.initialize
     if getattr(initialize, "quieted", False):
         return

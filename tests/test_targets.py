@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -104,9 +103,7 @@ def _compile_tiny(target):
 
     mesh = Mesh(np.array(devices(target)), ("data",))
     arg = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
-    started = time.perf_counter()
-    compiled = jax.jit(lambda x: x @ x).lower(arg).compile()
-    return compiled.memory_analysis(), time.perf_counter() - started
+    return jax.jit(lambda x: x @ x).lower(arg).compile().memory_analysis()
 
 
 def _host_still_cpu():
@@ -123,9 +120,8 @@ def test_tpu_devices_and_compile():
     assert devices(parse_target("v5e:2x2"))[0] is found[0]  # cached per topology
     assert {d.process_index for d in devices(parse_target("v5e:4x4"))} == {0, 1}  # 8 chips a host
     assert len(devices(parse_target("v4-8"))) == 8  # libtpu's v4: a device per TensorCore
-    memory, seconds = _compile_tiny(parse_target("v5e:2x2"))
+    memory = _compile_tiny(parse_target("v5e:2x2"))
     assert memory.argument_size_in_bytes == 256 * 256 * 2 and memory.output_size_in_bytes == 256 * 256 * 2
-    assert seconds < 30
     _host_still_cpu()
 
 
@@ -137,9 +133,8 @@ def test_gpu_devices_and_compile():
     assert len(many) == 20 and {d.device_kind for d in many} == {"NVIDIA A100-SXM4-80GB"}
     # one process per host, its GPUs numbered after the previous host's
     assert [d.process_index for d in many] == [h for h in range(5) for _ in range(4)]
-    memory, seconds = _compile_tiny(parse_target("h100-80gb:8"))
+    memory = _compile_tiny(parse_target("h100-80gb:8"))
     assert memory.argument_size_in_bytes == 256 * 256 * 2 and memory.output_size_in_bytes == 256 * 256 * 2
-    assert seconds < 30
     _host_still_cpu()
 
 
@@ -149,7 +144,7 @@ _USER_SHELL = textwrap.dedent(
     from ssmlm.targets import devices, parse_target
     from tests.test_targets import _compile_tiny
     found = devices(parse_target("a100-80gb:4x5")) + devices(parse_target("v5e:2x2"))
-    memory, _ = _compile_tiny(parse_target("h100-80gb:8"))
+    memory = _compile_tiny(parse_target("h100-80gb:8"))
     print(len(found), found[0].device_kind, found[-1].device_kind, memory.argument_size_in_bytes, flush=True)
     print("MARK", file=sys.stderr, flush=True)
     import jax
@@ -199,3 +194,30 @@ def test_a_cpu_process_with_the_cuda_plugin_prints_none_of_its_start_up_lines():
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert "cuda" not in done.stderr.lower() and "absl" not in done.stderr, done.stderr
+
+
+def _without_jax_plugins(*argv: str) -> subprocess.CompletedProcess:
+    """`ssmlm ARGV` in a process where the `jax_plugins` package does not exist, as on a plain install (no gpu-aot
+    extra): a None entry in sys.modules makes every import of it, find_spec's of a submodule too, fail for real."""
+    code = (
+        f"import sys; sys.modules['jax_plugins'] = None; sys.argv = {['ssmlm', *argv]!r}; "
+        "import ssmlm.cli; ssmlm.cli.main()"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "COLUMNS": "80"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_plain_install_without_jax_plugins_starts():
+    """The README's first command on a fresh machine: `ssmlm` with no gpu-aot extra (no jax_plugins at all)."""
+    done = _without_jax_plugins("--help")
+    assert done.returncode == 0, done.stderr
+    assert "pretrain" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_plain_install_asks_for_the_gpu_extra_in_one_line():
+    done = _without_jax_plugins("pretrain", "--dry-run", "--target", "a100-80gb:1", "-q")
+    assert done.returncode == 2, done.stdout + done.stderr
+    # (the simulation leaves the plugin's package metadata, so jax may still announce it: only our lines count)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: compiling for NVIDIA GPUs needs jax's CUDA plugin: pip install 'ssmlm[gpu-aot]'"]
+    assert "Traceback" not in done.stderr
