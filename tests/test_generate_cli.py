@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import TINY_LM_SEQ_LEN, invoke
@@ -18,13 +17,10 @@ from ssmlm.models.decode_limits import LENGTH_FACTOR, check_new_tokens
 def test_huge_max_tokens_is_refused_at_once_in_one_line(tiny_lm):
     limit = LENGTH_FACTOR * TINY_LM_SEQ_LEN
     for n in (100_000_000, limit + 1):
-        t0 = time.perf_counter()
         res = invoke("generate", "--ckpt", tiny_lm, "--prompt", "The cat", "--max-tokens", n, code=2)
-        took = time.perf_counter() - t0
         lines = res.output.strip().splitlines()
         assert res.exit_code == 2 and len(lines) == 1, res.output
         assert f"--max-tokens {n:,}" in lines[0] and f"at most {limit:,}" in lines[0] and "Traceback" not in res.output
-        assert took < 2.0, f"refusing took {took:.1f} s"
     # before any work: the refusal needs no jax (no model is loaded, nothing compiled)
     args = ["generate", "--ckpt", str(tiny_lm), "--prompt", "x", "--max-tokens", "100000000"]
     code = (

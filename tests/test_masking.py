@@ -8,7 +8,6 @@ offline documentation (pydoc_data.topics) and on generated English-like sentence
 
 import json
 import random
-import time
 
 import numpy as np
 import pytest
@@ -306,9 +305,7 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
     from ssmlm.recipe import DataConfig
 
     cfg = DataConfig(source=str(local_corpus), vocab_size=300, validation_fraction=0.2, seed=1)
-    t0 = time.perf_counter()
     out = preprocess(cfg, 32, quiet=True)
-    first = time.perf_counter() - t0
     assert out.parent == tmp_path / "home" / "data" and out.name.startswith("corpus-L32-")
     meta = json.loads((out / "metadata.json").read_text())
     assert (out / "tokenizer.json").is_file() and (out / "train").is_dir() and (out / "validation").is_dir()
@@ -338,11 +335,9 @@ def test_preprocess_local_corpus_and_reuse(local_corpus, tmp_path):
         assert text and any(text in d for d in docs), text
     # reuse: same path, nothing rewritten
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    t0 = time.perf_counter()
     again = preprocess(cfg, 32, quiet=True)
     assert again == out
-    assert time.perf_counter() - t0 < max(1.0, first / 2)
-    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamp
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamp  # reused: nothing tokenised or written
 
     # a different sequence length or a changed corpus gives a new directory
     (local_corpus / "doc00.txt").write_text("\n".join(sentences(25, seed=999)) + "\n")

@@ -5,7 +5,6 @@ in one line, before any run directory exists."""
 
 import csv
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -149,16 +148,13 @@ def test_header_less_file_reads_columns_by_position(env):
 
 def check_refused(env, args, *culprits):
     before = set(env.runs.iterdir())
-    start = time.monotonic()
     r = invoke("finetune", "--ckpt", env.base, "--set", f"train.out_dir={env.runs}", *args, code=None)
-    took = time.monotonic() - start
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.output
     assert "Traceback" not in r.output
     for c in culprits:
         assert str(c) in lines[0], (c, lines[0])
-    assert took < 10, f"took {took:.1f} s"
     assert set(env.runs.iterdir()) == before  # no run directory left behind
 
 
