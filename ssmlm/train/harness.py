@@ -180,8 +180,9 @@ def run_harness(
     trust_task_code: bool = False,
 ) -> dict:
     """lm-eval's ``simple_evaluate`` of the run at ``ckpt`` on ``tasks`` (names of built-in tasks, or of
-    task YAML files under ``include_path``; one whose YAMLs name Python only with ``trust_task_code``). Returns its result dict: ``results`` maps each task to its
-    metrics (e.g. {"acc,none": 0.5, "acc_stderr,none": …}), beside ``configs``, ``versions``, ``n-shot``…"""
+    task YAML files under ``include_path``; a folder whose YAMLs name Python only with ``trust_task_code``).
+    Returns its result dict: ``results`` maps each task to its metrics (e.g. {"acc,none": 0.5,
+    "acc_stderr,none": …}), beside ``configs``, ``versions``, ``n-shot``…"""
     import lm_eval
 
     if not tasks:
