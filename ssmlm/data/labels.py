@@ -103,8 +103,13 @@ def spell(value, quote: bool = True) -> str:
     return str(value) if isinstance(value, int | float) or not quote else repr(value)
 
 
+def cut(text: str) -> str:
+    """A label cut to WIDE characters, so that a listing of sentences stays one readable line."""
+    return text if len(text) <= WIDE else text[: WIDE - 1] + "…"
+
+
 def listing(values: Sequence) -> str:
-    shown = ", ".join(spell(v) for v in values[:SHOWN])
+    shown = ", ".join(cut(spell(v)) for v in values[:SHOWN])
     return shown + (f", … ({len(values)} in all)" if len(values) > SHOWN else "")
 
 
@@ -191,7 +196,6 @@ def balance(names: Sequence, ids: Sequence[int]) -> str:
     """``labels: -1 → 0 (1,402), 1 → 1 (1,398)``: the map and how many training rows each class has (the first
     SHOWN classes, each cut to WIDE characters: one line however many or long the labels)."""
     counts = Counter(ids)
-    cut = lambda s: s if len(s) <= WIDE else s[: WIDE - 1] + "…"  # noqa: E731
     parts = [f"{cut(spell(v, quote=False))} → {i} ({counts.get(i, 0):,})" for i, v in enumerate(names[:SHOWN])]
     more = f", … and {len(names) - SHOWN:,} more" if len(names) > SHOWN else ""
     return "labels: " + ", ".join(parts) + more
