@@ -672,6 +672,14 @@ def evaluate(
             "task.phonebook.entries; the default --out is then RUN/eval/phonebook-eN-SPLIT.json.",
         ),
     ] = None,
+    trust_task_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-task-code",
+            help="--task lm-eval:… with --data-dir: run the Python its task YAMLs name (!function, class:), which "
+            "runs inside ssmlm with your permissions; without it such a folder is refused. Read the code first.",
+        ),
+    ] = False,
 ):
     """Score a run (encoder or language model); the metrics go to RUN/eval/TASK-SPLIT.json (or --out).
 
@@ -690,6 +698,10 @@ def evaluate(
         if path and not Path(path).expanduser().exists():
             raise UserError(f"{opt} '{path}': no such file or directory")
     checks.option("--limit", limit, checks.POSITIVE)
+    if task and task.startswith("lm-eval:"):  # before the run is opened: the folder's code is not imported
+        from ssmlm.data.task_code import check_task_folder
+
+        check_task_folder(data_dir, trust_task_code)
     span = checks.entries(entries)
     if span and task != "phonebook":
         raise UserError(f"--entries {entries} goes with --task phonebook (the size of its phone books)")
@@ -718,6 +730,7 @@ def evaluate(
             submission=Path(submission) if submission else None,
             predictions_file=Path(predictions) if predictions else None,
             entries=span,
+            trust_task_code=trust_task_code,
         )
     write_result(result, Path(out) if out else None, run, entries=span)
 

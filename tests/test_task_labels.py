@@ -248,3 +248,78 @@ def test_held_out_split_follows_the_seed(tmp_path):
 )
 def test_local_task_is_named_after_its_file_without_the_split(file, name):
     assert local_task_name(file) == name
+
+
+# ----------------------------------------------------------------------------- label files that mislead
+
+
+def refused(env, *args):
+    """`finetune ARGS` on the shared encoder: exit 2, one `error:` line (returned), no run directory written."""
+    before = sorted(p.relative_to(env.runs) for p in env.runs.rglob("*"))
+    r = invoke("finetune", "--ckpt", env.base, "--set", f"train.out_dir={env.runs}", *map(str, args), code=None)
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert sorted(p.relative_to(env.runs) for p in env.runs.rglob("*")) == before
+    return lines[0]
+
+
+def test_label_first_file_gets_the_flags_that_read_it(env):
+    # Pang & Lee's polarity file as it comes: no header, the label first
+    path = write_csv(env.tmp / "label-first.csv", [(animal(s), s) for s in env.train], header=None)
+    first = refused(env, "--train-file", path)
+    assert "--no-header --label-field 0 --text-fields 1" in first, first
+    # the default (text first, label last) would make each sentence a class: refused, with the same flags
+    again = refused(env, "--train-file", path, "--no-header")
+    assert "column '1' does not look like labels" in again and "--no-header --label-field 0 --text-fields 1" in again
+    data = load_task(TaskConfig(train_file=str(path), header=False, label_field="0", text_fields=["1"]))
+    assert data.label_names == [0, 1] and data.definition.text_fields == ("1",)
+
+
+def test_many_distinct_scores_are_still_a_regression_task(tmp_path):
+    rows = [(f"sentence number {i}", f"{i * 0.037:.3f}") for i in range(120)]  # STS-B-like: 120 distinct scores
+    data = load_task(TaskConfig(train_file=str(write_csv(tmp_path / "sts.csv", rows)), num_labels=1))
+    assert data.definition.num_labels == 1 and data.splits["train"]["label"][:2] == [0.0, 0.037]
+
+
+def test_a_long_label_map_is_one_short_line(tmp_path):
+    rows = [(f"sentence number {i}", f"class {i % 40} " + "x" * 40) for i in range(400)]
+    path = str(write_csv(tmp_path / "many.csv", rows))
+    with pytest.raises(DataError, match="does not look like labels"):  # long labels: text, unless counted
+        load_task(TaskConfig(train_file=path))
+    data = load_task(TaskConfig(train_file=path, num_labels=40, validation_fraction=0))
+    (line,) = [n for n in data.notes if n.startswith("labels:")]
+    assert line.endswith("… and 30 more") and len(line) < 600, line
+
+
+@pytest.mark.parametrize(
+    "cell, says",
+    [("nan", "(the cell reads 'nan')"), ("NaN", "(the cell reads 'NaN')"), ("null", "'null'"), ("", "no label")],
+)
+def test_an_empty_label_is_refused_where_it_is(env, cell, says):
+    rows = [(s, cell if i == 5 else animal(s)) for i, s in enumerate(env.train)]
+    path = write_csv(env.tmp / "holes.csv", rows)
+    line = refused(env, "--train-file", path)
+    assert f"{path}: line 7: no label in column 'label'" in line and says in line, line
+
+
+def test_an_empty_text_cell_is_refused(env):
+    path = write_csv(env.tmp / "blank.csv", [("  " if i == 3 else s, animal(s)) for i, s in enumerate(env.train)])
+    assert f"{path}: line 5: empty text in column 'sentence'" in refused(env, "--train-file", path)
+
+
+def test_labels_differing_in_spaces_are_named(env):
+    path = write_csv(env.tmp / "spaced.csv", [(s, " 1" if i == 8 else str(animal(s))) for i, s in enumerate(env.train)])
+    line = refused(env, "--train-file", path)
+    assert f"{path}: line 10: label ' 1'" in line and "differs from '" in line and "only in the spaces" in line, line
+
+
+def test_a_tab_separated_file_named_csv_and_a_short_row(env):
+    tabbed = env.tmp / "tabbed.csv"
+    tabbed.write_text("sentence\tlabel\n" + "".join(f"{s}\t{animal(s)}\n" for s in env.train))
+    line = refused(env, "--train-file", tabbed)
+    assert "looks tab-separated" in line and "name it .tsv" in line and "quote" not in line, line
+    short = env.tmp / "short.csv"
+    rows = [f"{s}\n" if i == 2 else f"{s},{animal(s)}\n" for i, s in enumerate(env.train)]  # line 4 lacks its label
+    short.write_text("sentence,label\n" + "".join(rows))
+    line = refused(env, "--train-file", short)
+    assert f"{short}: line 4 has 1 field, the header has 2" in line and "quote" not in line, line

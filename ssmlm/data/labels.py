@@ -16,6 +16,11 @@ from collections.abc import Callable, Sequence
 from ssmlm.errors import DataError
 
 SHOWN = 10  # values spelled out in a message or in the label line; the rest are counted
+WIDE = 30  # characters of a label the label line shows
+NULLS = {"nan", "null"}  # how pandas (NaN in a csv) and JSON writers spell an empty cell
+# A label column holds few distinct, short values: more distinct values than MANY (or MANY_SHARE of the rows), or a
+# median length over LONG characters, is a text column (a sentence per row), whatever the flags said.
+MANY, MANY_SHARE, LONG = 50, 0.2, 30
 
 
 def as_number(value) -> float | None:
@@ -34,12 +39,53 @@ def as_number(value) -> float | None:
 
 
 def missing(value) -> bool:
-    """An empty cell: no label (a test row's, or a mistake elsewhere)."""
+    """An empty cell: no label (a test row's, or a mistake elsewhere); 'nan' and 'null' are how writers spell one."""
     return (
         value is None
-        or (isinstance(value, str) and not value.strip())
+        or (isinstance(value, str) and (not value.strip() or value.strip().lower() in NULLS))
         or (isinstance(value, float) and math.isnan(value))
     )
+
+
+def blank(value) -> bool:
+    """An empty text cell (a text's 'nan' may be the word, so only None, NaN and blanks)."""
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def require(values: Sequence, field: str, at: Callable[[int], str]) -> None:
+    """Every row has a label (a training or validation file's): the first empty cell is refused, as it reads."""
+    for i, v in enumerate(values):
+        if missing(v):
+            reads = f" (the cell reads {v.strip()!r})" if isinstance(v, str) and v.strip() else ""
+            raise DataError(f"{at(i)}: no label in column '{field}'{reads}")
+
+
+def same_spelling(values: Sequence, field: str, at: Callable[[int], str], seen: dict) -> None:
+    """Labels that differ only in the spaces around them (' 1' and '1', 'pos ' and 'pos') would be read as one
+    label: refused, naming both, rather than merged unseen. ``seen``: stripped label → (spelling, where), shared
+    across a task's files."""
+    for i, v in enumerate(values):
+        if isinstance(v, str) and not missing(v):
+            first, where = seen.setdefault(v.strip(), (v, at(i)))
+            if first != v:
+                raise DataError(
+                    f"{at(i)}: label {v!r} in column '{field}' differs from {first!r} ({where}) only in the spaces "
+                    "around it; make them one spelling"
+                )
+
+
+def shape(values: Sequence) -> tuple[int, int, int]:
+    """(rows with a value, distinct values, median length in characters) of a column."""
+    cells = sorted((str(v).strip() for v in values if not missing(v)), key=len)
+    return len(cells), len(set(cells)), len(cells[len(cells) // 2]) if cells else 0
+
+
+def label_like(values: Sequence) -> bool:
+    """Whether a column looks like labels: few distinct values (relative to its rows), short ones."""
+    rows, distinct, median = shape(values)
+    return rows > 0 and distinct <= max(MANY, MANY_SHARE * rows) and median <= LONG
 
 
 def key(value) -> tuple:
@@ -57,8 +103,13 @@ def spell(value, quote: bool = True) -> str:
     return str(value) if isinstance(value, int | float) or not quote else repr(value)
 
 
+def cut(text: str) -> str:
+    """A label cut to WIDE characters, so that a listing of sentences stays one readable line."""
+    return text if len(text) <= WIDE else text[: WIDE - 1] + "…"
+
+
 def listing(values: Sequence) -> str:
-    shown = ", ".join(spell(v) for v in values[:SHOWN])
+    shown = ", ".join(cut(spell(v)) for v in values[:SHOWN])
     return shown + (f", … ({len(values)} in all)" if len(values) > SHOWN else "")
 
 
@@ -142,10 +193,11 @@ def to_numbers(values: Sequence, field: str, at: Callable[[int], str], optional:
 
 
 def balance(names: Sequence, ids: Sequence[int]) -> str:
-    """``labels: -1 → 0 (1,402), 1 → 1 (1,398)``: the map and how many training rows each class has."""
+    """``labels: -1 → 0 (1,402), 1 → 1 (1,398)``: the map and how many training rows each class has (the first
+    SHOWN classes, each cut to WIDE characters: one line however many or long the labels)."""
     counts = Counter(ids)
-    parts = [f"{spell(v, quote=False)} → {i} ({counts.get(i, 0):,})" for i, v in enumerate(names[:SHOWN])]
-    more = f", … ({len(names)} classes)" if len(names) > SHOWN else ""
+    parts = [f"{cut(spell(v, quote=False))} → {i} ({counts.get(i, 0):,})" for i, v in enumerate(names[:SHOWN])]
+    more = f", … and {len(names) - SHOWN:,} more" if len(names) > SHOWN else ""
     return "labels: " + ", ".join(parts) + more
 
 

@@ -79,14 +79,19 @@ def _read_csv(p: Path, kind: str, header: bool, expected: tuple[str, ...]) -> Ta
         raise DataError(f"{p}: line {reader.line_num}: could not be read as {kind} ({e})") from None
     if not rows:
         raise DataError(f"{p}: holds no rows")
+    if kind == "csv" and _tab_separated(rows):
+        raise DataError(
+            f"{p}: this file looks tab-separated (line {lines[0]} holds tabs, no commas): name it .tsv, or separate "
+            "its fields with commas"
+        )
     if header:
         names, rows, lines = [c.strip() for c in rows[0]], rows[1:], lines[1:]
         if expected and not set(expected) <= set(names) and _looks_like_data(names, rows):
             shown = ",".join(names)
             shown = shown if len(shown) <= 40 else shown[:39] + "…"
             raise DataError(
-                f"{p}: the first row ({shown}) looks like data, not column names; pass --no-header "
-                "(task.header: false) to read columns by position (text first, label last), or add a "
+                f"{p}: the first row ({shown}) looks like data, not column names; pass {_by_position(rows)} "
+                "(task.header: false) to read columns by position, or add a "
                 f"header row naming the columns {', '.join(expected)}"
             )
     else:
@@ -94,11 +99,37 @@ def _read_csv(p: Path, kind: str, header: bool, expected: tuple[str, ...]) -> Ta
     for row, line in zip(rows, lines, strict=True):
         if len(row) != len(names):
             first = "the header has" if header else "the first row has"
-            raise DataError(
-                f"{p}: line {line}: {len(row)} fields, but {first} {len(names)}"
-                + (" (quote text holding commas)" if kind == "csv" else "")
-            )
+            if len(row) < len(names):
+                why = "a field is missing"
+            else:  # more fields than names: an unquoted separator inside a text
+                why = "quote text holding commas" if kind == "csv" else "a tab inside a text splits it"
+            raise DataError(f"{p}: line {line} has {_fields(len(row))}, {first} {len(names)} ({why})")
     return Table(p, {n: [r[j] for r in rows] for j, n in enumerate(names)}, lines)
+
+
+def _fields(n: int) -> str:
+    return f"{n} field" + ("" if n == 1 else "s")
+
+
+def _tab_separated(rows: list[list[str]]) -> bool:
+    """A file read as csv whose rows are one field each, holding tabs: tab-separated under a .csv name."""
+    head = rows[:100]
+    return all(len(r) == 1 for r in head) and sum("\t" in r[0] for r in head) > len(head) // 2
+
+
+def _by_position(rows: list[list[str]]) -> str:
+    """The flags that read a header-less file: --no-header, and where the label is not the last column (the
+    default) but another one looks like labels (labels.label_like; a polarity file with its label first), the
+    columns by position."""
+    from ssmlm.data.labels import label_like
+
+    width = len(rows[0])
+    cols = [[r[j] for r in rows if len(r) == width] for j in range(width)]
+    like = [j for j, c in enumerate(cols) if label_like(c)]
+    if len(like) != 1 or like[0] == width - 1 or not 1 <= width - 1 <= 2:
+        return "--no-header (text first, label last)"
+    text = ",".join(str(j) for j in range(width) if j != like[0])
+    return f"--no-header --label-field {like[0]} --text-fields {text}"
 
 
 def _looks_like_data(first: list[str], rows: list[list[str]]) -> bool:

@@ -248,10 +248,17 @@ def _local_labels(td: TaskDef, cfg: TaskConfig, tables: dict[str, Table], names:
     training file's) or as numbers (regression); a known task's files read without its training file hold ids.
     Returns (the definition with its label count, the map or None, the line describing it or None)."""
     field = td.label_field
-    for t in tables.values():
-        if field in t.columns and t.path.suffix in (".csv", ".tsv"):
-            t.columns[field] = labels.typed(t.columns[field])
     labelled = {s: t for s, t in tables.items() if field in t.columns}
+    seen: dict = {}
+    for s, t in labelled.items():  # the cells as the file spells them, before they are read as numbers
+        if not s.startswith("test"):
+            labels.require(t.columns[field], field, t.at)
+        labels.same_spelling(t.columns[field], field, t.at, seen)
+    if td.num_labels != 1 and names is None and "train" in labelled:
+        _check_label_column(td, cfg, labelled["train"])
+    for t in labelled.values():
+        if t.path.suffix in (".csv", ".tsv"):
+            t.columns[field] = labels.typed(t.columns[field])
     if td.num_labels == 1:
         for s, t in labelled.items():
             t.columns[field] = labels.to_numbers(t.columns[field], field, t.at, s.startswith("test"))
@@ -272,6 +279,46 @@ def _local_labels(td: TaskDef, cfg: TaskConfig, tables: dict[str, Table], names:
         t.columns[field] = labels.to_ids(t.columns[field], names, field, t.at, s.startswith("test"))
     td = td if td.num_labels else replace(td, num_labels=len(names))
     return td, list(names), labels.balance(names, train.columns[field]) if train is not None else None
+
+
+def _check_label_column(td: TaskDef, cfg: TaskConfig, train: Table) -> None:
+    """A classification task's label column looks like one (labels.label_like); otherwise the flags named the
+    wrong columns (a label-first file read text first, label last): refused, naming the columns that do look like
+    label and text, in the flags' own syntax, rather than training a classifier with a class per sentence."""
+    field = td.label_field
+    values = train.columns[field]
+    if cfg.num_labels or labels.label_like(values):  # --num-labels N: the user counted the classes
+        return
+    rows, distinct, median = labels.shape(values)
+    found = f"{distinct:,} distinct values in {rows:,} rows, median length {median} characters"
+    numeric = lambda vs: all(labels.as_number(v) is not None for v in vs if not labels.missing(v))  # noqa: E731
+    if numeric(values):
+        if any(not x.is_integer() for v in values if (x := labels.as_number(v)) is not None):
+            return  # scores: labels.label_map says how to read them (regression, or classes)
+        raise DataError(
+            f"{train.path}: label column '{field}' holds {found}; for regression pass --num-labels 1, to use its "
+            f"values as classes --num-labels {distinct}"
+        )
+    like = [c for c, v in train.columns.items() if labels.label_like(v)]
+    text = [c for c, v in train.columns.items() if c not in like and not numeric(v)]
+    if len(like) == 1 and 1 <= len(text) <= 2:
+        flags = ("--no-header " if not cfg.header else "") + f"--label-field {like[0]} --text-fields {','.join(text)}"
+        advice = f"column {like[0]} looks like the labels and {', '.join(text)} like the text: pass {flags}"
+    else:
+        columns = list(train.columns)
+        advice = f"name the label and text columns with --label-field and --text-fields (columns: {columns})"
+    if median <= labels.LONG:  # short values, only many of them: perhaps a task with that many classes
+        advice += f"; for {distinct:,} classes pass --num-labels {distinct}"
+    raise DataError(f"{train.path}: column '{field}' does not look like labels ({found}); {advice}")
+
+
+def _check_texts(td: TaskDef, tables: dict[str, Table]) -> None:
+    """No empty text cell in a local file: an example with no text to read is a mistake in the file."""
+    for t in tables.values():
+        for f in td.text_fields:
+            i = next((i for i, v in enumerate(t.columns.get(f, ())) if labels.blank(v)), None)
+            if i is not None:
+                raise DataError(f"{t.at(i)}: empty text in column '{f}'")
 
 
 def load_task(cfg: TaskConfig, seed: int = 0, label_names: list | None = None) -> TaskData:
@@ -306,6 +353,7 @@ def load_task(cfg: TaskConfig, seed: int = 0, label_names: list | None = None) -
         _check_columns(td, split, cols, None)
     for split, t in tables.items():
         _check_columns(td, split, t.columns, t.path)
+    _check_texts(td, tables)
     td, names, notes = _local_labels(td, cfg, tables, label_names)
     notes = [notes] if notes else []
     if (

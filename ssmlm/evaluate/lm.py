@@ -43,9 +43,10 @@ def evaluate_lm_task(
     batch_size: int = 8,
     split: str = "validation",
     entries: tuple[int, int] | None = None,
+    trust_task_code: bool = False,
 ) -> dict[str, Any]:
     if task.startswith("lm-eval:"):
-        return _harness(run, task, data_dir, limit, batch_size)
+        return _harness(run, task, data_dir, limit, batch_size, trust_task_code)
     if task not in evaluation_tasks():
         known = ", ".join(evaluation_tasks())
         raise UserError(f"--task {task!r}: a language model is evaluated on {known} or lm-eval:TASKS")
@@ -101,13 +102,15 @@ def infilling(run: Run, gen, request: EvalRequest) -> dict:
     return evaluate_infilling(gen, items[:limit] if limit else items, batch_size=request.batch_size)
 
 
-def _harness(run: Run, task: str, include_path: str | None, limit: int | None, batch_size: int) -> dict:
+def _harness(run: Run, task: str, include_path: str | None, limit: int | None, batch_size: int, trusted: bool) -> dict:
     from ssmlm.train.harness import run_harness
 
     names = [t for t in task.removeprefix("lm-eval:").split(",") if t]
     if not names:
         raise UserError("--task lm-eval:TASKS: name at least one harness task, e.g. lm-eval:hellaswag,arc_easy")
-    results = run_harness(str(run.dir), names, limit=limit, include_path=include_path, batch_size=batch_size)
+    results = run_harness(
+        str(run.dir), names, limit=limit, include_path=include_path, batch_size=batch_size, trust_task_code=trusted
+    )
     metrics = {}
     for name, values in results.get("results", {}).items():
         for k, v in values.items():  # metrics are "name,filter" keys (e.g. "acc,none"); skip stderr and counts

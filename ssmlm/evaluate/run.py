@@ -59,17 +59,21 @@ def evaluate_run(
     submission: Path | None = None,
     predictions_file: Path | None = None,
     entries: tuple[int, int] | None = None,
+    trust_task_code: bool = False,
 ) -> dict[str, Any]:
     """What `ssmlm evaluate` (and an experiment's evaluate stage) runs: a language model asked for a task decodes
     it (phone books, SQuAD, infilling, lm-eval:TASKS); anything else is scored on its own objective or task.
-    ``entries`` (lo, hi): task phonebook's books of that many entries instead of the finetuning books'."""
+    ``entries`` (lo, hi): task phonebook's books of that many entries instead of the finetuning books';
+    ``trust_task_code``: run the Python an lm-eval task folder (``data_dir``) names (ssmlm.data.task_code)."""
     if entries is not None and task != "phonebook":
         asked = f"task {task}" if task else "the run's own task"
         raise UserError(f"entries {entries[0]}-{entries[1]}: phone books are task phonebook's, not {asked}")
     if run.recipe.objective.kind == "lm" and task:
         from ssmlm.evaluate.lm import evaluate_lm_task
 
-        return evaluate_lm_task(run, task, data_dir, validation_file, limit, min(batch_size, 8), split, entries)
+        return evaluate_lm_task(
+            run, task, data_dir, validation_file, limit, min(batch_size, 8), split, entries, trust_task_code
+        )
     task_cfg = None
     if task or validation_file or data_dir:
         from ssmlm.data.config import TaskConfig

@@ -144,14 +144,18 @@ class SsmlmLM(LM):
         return out
 
 
-def task_manager(tasks: list[str], include_path: str | Path | None):
+def task_manager(tasks: list[str], include_path: str | Path | None, trust_task_code: bool = False):
     """lm-eval's task index: only ``include_path``'s tasks when every name is found there (indexing the
-    thousands of built-in task files takes seconds), else the built-in tasks and ``include_path``'s."""
+    thousands of built-in task files takes seconds), else the built-in tasks and ``include_path``'s. A folder whose
+    YAMLs name Python is refused unless ``trust_task_code`` (ssmlm.data.task_code), before lm-eval reads it."""
     from lm_eval.tasks import TaskManager
+
+    from ssmlm.data.task_code import check_task_folder
 
     if include_path is not None:
         if not Path(include_path).is_dir():
             raise UserError(f"--data-dir {include_path}: no such folder of lm-eval task YAML files")
+        check_task_folder(include_path, trust_task_code)
         local = TaskManager(include_path=str(include_path), include_defaults=False)
         if all(t in local.all_tasks for t in tasks):
             return local
@@ -173,15 +177,17 @@ def run_harness(
     mode: str = "auto",
     step: int | None = None,
     bootstrap_iters: int = 100_000,
+    trust_task_code: bool = False,
 ) -> dict:
     """lm-eval's ``simple_evaluate`` of the run at ``ckpt`` on ``tasks`` (names of built-in tasks, or of
-    task YAML files under ``include_path``). Returns its result dict: ``results`` maps each task to its
-    metrics (e.g. {"acc,none": 0.5, "acc_stderr,none": …}), beside ``configs``, ``versions``, ``n-shot``…"""
+    task YAML files under ``include_path``; a folder whose YAMLs name Python only with ``trust_task_code``).
+    Returns its result dict: ``results`` maps each task to its metrics (e.g. {"acc,none": 0.5,
+    "acc_stderr,none": …}), beside ``configs``, ``versions``, ``n-shot``…"""
     import lm_eval
 
     if not tasks:
         raise UserError("lm-eval: name at least one task (--task lm-eval:TASK1,TASK2)")
-    manager = task_manager(tasks, include_path)
+    manager = task_manager(tasks, include_path, trust_task_code)
     lm = SsmlmLM(ckpt, mode=mode, batch_size=batch_size, step=step)
     try:
         return lm_eval.simple_evaluate(
@@ -200,9 +206,39 @@ def run_harness(
         ) from None
 
 
+def local_task_paths(argv: list[str]) -> list[tuple[str, str]]:
+    """(option, path) of each local task source on lm-eval's command line: --include_path's folder, and each
+    --tasks entry that is a YAML file or folder on disk (lm-eval loads those too)."""
+    out = []
+    for i, arg in enumerate(argv):
+        opt, eq, value = arg.partition("=")
+        if opt not in ("--include_path", "--tasks", "-t"):
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if opt == "--include_path":
+            out.append((opt, value))
+        else:
+            out += [(opt, t) for t in value.split(",") if t and Path(t).expanduser().exists()]
+    return out
+
+
 def lm_eval_cli() -> None:
     """lm-eval's own command line (``lm_eval run --model ssmlm --model_args ckpt=RUN --tasks …``) with the
-    "ssmlm" model registered: lm-eval 0.4 has no plugin entry points, so its plain ``lm_eval`` cannot find it."""
+    "ssmlm" model registered: lm-eval 0.4 has no plugin entry points, so its plain ``lm_eval`` cannot find it.
+    As with ``ssmlm evaluate``, local task YAMLs that name Python are refused unless ``--trust-task-code``
+    (ours, taken off the line before lm-eval parses it)."""
+    import sys
+
     from lm_eval.__main__ import cli_evaluate
 
+    from ssmlm.data.task_code import check_task_folder
+
+    trusted = "--trust-task-code" in sys.argv[1:]
+    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != "--trust-task-code")]
+    try:
+        for opt, path in local_task_paths(sys.argv[1:]):
+            check_task_folder(path, trusted, opt)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     cli_evaluate()
