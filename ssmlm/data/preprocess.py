@@ -349,7 +349,12 @@ def _trained_tokenizer(cfg: DataConfig, quiet: bool, rows: bool):
     lines = (line for doc in docs for line in doc)
     if lm:
         return train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)
-    return train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)
+    opened = [lines]
+
+    def read():  # train_wordpiece reads the text twice (what makes it deterministic): the stream open, then again
+        return opened.pop() if opened else (line for doc in _corpus(cfg).documents for line in doc)
+
+    return train_wordpiece(read, cfg.vocab_size, cfg.lowercase)
 
 
 def _no_training_text(cfg: DataConfig, documents: int) -> str:
