@@ -53,6 +53,7 @@ from ssmlm.data.tokenizer import (
     train_wordpiece,
 )
 from ssmlm.errors import DataError, Interrupted, UserError
+from ssmlm.lockfile import locked
 from ssmlm.progress import console, progress_bar
 
 FORMAT_VERSION = 3  # 3: unmasked token shards, streamed (2: packing modes, fill_rate)
@@ -192,12 +193,22 @@ def preprocess(
         raise DataError(f"preprocess hosts = {hosts}: expected (index, count) with 0 <= index < count")
     out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
     meta_path = out / "metadata.json"
-    if not (meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint):
-        with _removed_if_refused(out):
-            _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents)
-            if host != 0:
-                return out
-            finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
+
+    def finished() -> bool:  # a finished dataset is only read: no lock
+        return meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint
+
+    if not finished():
+        # one writer per dataset: a second one waits (two runs of one corpus started together both go on, the
+        # second reusing what the first wrote) rather than stopping. Host 0 holds it for all hosts of one job.
+        lock = locked(out, "dataset", wait=True, say=None if quiet else _say) if host == 0 else contextlib.nullcontext()
+        with _removed_if_refused(out), lock:
+            if not finished():
+                _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents)
+                if host != 0:
+                    return out
+                finalize(
+                    cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents
+                )
     meta = read_metadata(out)
     for note in (packing_note(meta), validation_note(meta) if layout == "rows" else None):  # LM runs say their own
         if note and not quiet:
