@@ -11,9 +11,10 @@ import random
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from ssmlm.data.packing import pack_document
-from ssmlm.data.tokenizer import special_ids, train_wordpiece
+from ssmlm.data.tokenizer import SPECIALS, special_ids, train_byte_bpe, train_wordpiece
 from ssmlm.objectives.mlm import mask_batch
 
 SUBJECTS = [
@@ -253,17 +254,41 @@ def test_mask_batch_random_replacements_from_given_ids():
 # ----------------------------------------------------------------------------- tokenizer
 
 
-@pytest.mark.xfail(
-    reason="BUG: train_wordpiece (so preprocess with tokenizer='train') is not reproducible: the same lines "
-    "give a different vocabulary id assignment on each call (tokenizers' WordPiece/BPE trainer iterates a "
-    "hash map, huggingface/tokenizers#1794), so rebuilding a dataset from the same DataConfig and seed "
-    "changes the token ids",
-    strict=True,
-)
+def varied_lines(n: int, seed: int = 0) -> list[str]:
+    """Prose-like lines of made-up words: many word forms and characters (accents, digits, capitals), as a real
+    corpus has, so that the trainer meets many "##c" pieces and many merges of equal count."""
+    rng = random.Random(seed)
+    onsets, vowels = (
+        ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "st", "tr"],
+        list("aeiouyéèàöüøñ"),
+    )
+    words = ["".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    out = []
+    for _ in range(n):
+        ws = [
+            rng.choice(words) if rng.random() < 0.9 else str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(12)
+        ]
+        ws[0] = ws[0].capitalize()
+        out.append(" ".join(ws) + rng.choice([".", "!", "?", ";"]))
+    return out
+
+
 def test_train_wordpiece_is_deterministic():
-    lines = [s for i in range(30) for s in sentences(20, seed=100 + i)]
-    vocabs = [train_wordpiece(lines, vocab_size=300).get_vocab() for _ in range(4)]
-    assert all(v == vocabs[0] for v in vocabs)
+    """The same lines give the same tokenizer.json, byte for byte (before: a different id assignment, and so a
+    different dataset, on each call: tokenizers' trainer iterates a hash map, huggingface/tokenizers#1794)."""
+    lines = varied_lines(3000)
+    first = train_wordpiece(lines, vocab_size=2000).to_str()
+    assert all(train_wordpiece(lines, vocab_size=2000).to_str() == first for _ in range(3))
+    tok = Tokenizer.from_str(first)
+    assert len(json.loads(first)["added_tokens"]) == len(SPECIALS)  # the "##c" pieces are plain vocabulary again
+    assert tok.encode("Bastelo dira!").tokens[1:3] == tok.encode("bastelo dira!").tokens[1:3]
+    assert "[UNK]" not in tok.encode(lines[7]).tokens
+
+
+def test_train_byte_bpe_is_deterministic():
+    lines = [line + "\n" for line in varied_lines(3000)]
+    first = train_byte_bpe(lines, 2000).to_str()
+    assert all(train_byte_bpe(lines, 2000).to_str() == first for _ in range(3))
 
 
 def test_train_wordpiece_specials_and_post_processor():

@@ -137,6 +137,36 @@ def test_masking_settings_do_not_change_the_fingerprint(tmp_path):
     assert prep.output_dir(dataclasses.replace(lm, split_digits=True), L) != prep.output_dir(lm, L)
 
 
+def test_every_data_field_is_in_the_cache_key(tmp_path):
+    """Every data: field decides the tokenizer or the shards, so each one changes the cache directory; a new
+    field fails here until it is given a value below (and is either keyed or shown not to change the tokens)."""
+    corpus = write_docs(tmp_path / "c", 3)
+    other = write_docs(tmp_path / "d", 4)
+    vocab_file = tmp_path / "vocab.txt"
+    vocab_file.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]) + "\n")
+    base = cfg_for(corpus)
+    changes = {
+        "source": str(other),
+        "text_field": "body",
+        "split": "test",
+        "max_documents": 2,
+        "strip_gutenberg": not base.strip_gutenberg,
+        "tokenizer": str(vocab_file),
+        "tokenizer_type": "byte_bpe",
+        "split_digits": not base.split_digits,
+        "vocab_size": base.vocab_size + 1,
+        "lowercase": not base.lowercase,
+        "max_seq_length": 64,
+        "short_seq_prob": 0.5,
+        "packing": "bert",
+        "validation_fraction": 0.3,
+        "seed": base.seed + 1,
+    }
+    assert set(changes) == {f.name for f in dataclasses.fields(DataConfig)}
+    for field, value in changes.items():
+        assert prep.output_dir(dataclasses.replace(base, **{field: value}), L) != prep.output_dir(base, L), field
+
+
 def test_interrupted_run_resumes_without_repeating_or_losing_a_document(tmp_path, vocab, monkeypatch):
     corpus = write_docs(tmp_path / "c", 40)
     cfg = cfg_for(corpus, vocab, validation_fraction=0.1)

@@ -41,7 +41,7 @@ from rich.text import Text
 from ssmlm.data.books import SPLIT_ABOVE
 from ssmlm.data.config import DataConfig
 from ssmlm.data.packing import pack, rows_to_array
-from ssmlm.data.shards import row_dtype, save_atomic, shard_name, write_json_atomic
+from ssmlm.data.shards import file_checksum, row_dtype, save_atomic, shard_files, shard_name, write_json_atomic
 from ssmlm.data.sources import Document, corpus_fingerprint, corpus_name, open_corpus
 from ssmlm.data.tokenizer import (
     is_lm_tokenizer,
@@ -53,6 +53,7 @@ from ssmlm.data.tokenizer import (
     train_wordpiece,
 )
 from ssmlm.errors import DataError, Interrupted, UserError
+from ssmlm.lockfile import locked
 from ssmlm.progress import console, progress_bar
 
 FORMAT_VERSION = 3  # 3: unmasked token shards, streamed (2: packing modes, fill_rate)
@@ -192,12 +193,22 @@ def preprocess(
         raise DataError(f"preprocess hosts = {hosts}: expected (index, count) with 0 <= index < count")
     out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
     meta_path = out / "metadata.json"
-    if not (meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint):
-        with _removed_if_refused(out):
-            _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents)
-            if host != 0:
-                return out
-            finalize(cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents)
+
+    def finished() -> bool:  # a finished dataset is only read: no lock
+        return meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint
+
+    if not finished():
+        # one writer per dataset: a second one waits (two runs of one corpus started together both go on, the
+        # second reusing what the first wrote) rather than stopping. Host 0 holds it for all hosts of one job.
+        lock = locked(out, "dataset", wait=True, say=None if quiet else _say) if host == 0 else contextlib.nullcontext()
+        with _removed_if_refused(out), lock:
+            if not finished():
+                _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents)
+                if host != 0:
+                    return out
+                finalize(
+                    cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents
+                )
     meta = read_metadata(out)
     for note in (packing_note(meta), validation_note(meta) if layout == "rows" else None):  # LM runs say their own
         if note and not quiet:
@@ -349,7 +360,12 @@ def _trained_tokenizer(cfg: DataConfig, quiet: bool, rows: bool):
     lines = (line for doc in docs for line in doc)
     if lm:
         return train_byte_bpe((line + "\n" for line in lines), cfg.vocab_size, cfg.split_digits)
-    return train_wordpiece(lines, cfg.vocab_size, cfg.lowercase)
+    opened = [lines]
+
+    def read():  # train_wordpiece reads the text twice (what makes it deterministic): the stream open, then again
+        return opened.pop() if opened else (line for doc in _corpus(cfg).documents for line in doc)
+
+    return train_wordpiece(read, cfg.vocab_size, cfg.lowercase)
 
 
 def _no_training_text(cfg: DataConfig, documents: int) -> str:
@@ -424,20 +440,28 @@ def _write_shard(out, index, docs, tok, ids, cfg, seq_len, layout, dtype) -> dic
         "validation": (tokens[split_token:], line_lengths[split_line:], doc_lines[n_train:]),
     }
     name = shard_name(index)
-    stats = {"index": index, "documents": len(docs), "tokens": len(tokens), "files": {}, "real_tokens": {}}
+    stats = {
+        "index": index,
+        "documents": len(docs),
+        "tokens": len(tokens),
+        "files": {},
+        "real_tokens": {},
+        "checksums": {},
+    }
     for split, (t, ll, dl) in parts.items():
         if layout == "documents":
             line_end = np.concatenate([[0], np.cumsum(ll)])
             offsets = line_end[np.concatenate([[0], np.cumsum(dl)])].astype(np.int64)
-            save_atomic(out / split / f"{name}.tokens.npy", t.astype(np.int32))
-            save_atomic(out / split / f"{name}.offsets.npy", offsets)
+            base = f"{split}/{name}"
+            stats["checksums"][f"{base}.tokens.npy"] = save_atomic(out / f"{base}.tokens.npy", t.astype(np.int32))
+            stats["checksums"][f"{base}.offsets.npy"] = save_atomic(out / f"{base}.offsets.npy", offsets)
             stats["files"][split], stats[split], stats["real_tokens"][split] = f"{split}/{name}", len(dl), len(t)
             continue
         row_tokens, row_lengths = pack(
             t, ll, dl, seq_len - 2, cfg.short_seq_prob, shard_rng(cfg.seed, index, split), cfg.packing, ids["sep"]
         )
         rows = rows_to_array(row_tokens, row_lengths, seq_len, ids["cls"], ids["sep"])
-        save_atomic(out / split / f"{name}.npy", rows.astype(dtype))
+        stats["checksums"][f"{split}/{name}.npy"] = save_atomic(out / split / f"{name}.npy", rows.astype(dtype))
         stats["files"][split], stats[split] = f"{split}/{name}.npy", len(rows)
         stats["real_tokens"][split] = int((rows != ids["pad"]).sum())  # [CLS]/[SEP] included
     return stats
@@ -464,6 +488,10 @@ def finalize(
     while not all(m.is_file() for m in markers):
         time.sleep(poll_s)
     shards = [json.loads(m.read_text()) for m in markers]
+    for s in shards:  # a shard written before checksums existed (a resumed older run): its files as they are now
+        if "checksums" not in s:
+            files = [f for split in SPLITS for f in shard_files(s["files"][split], layout)]
+            s["checksums"] = {f: file_checksum(out / f) for f in files}
     tok = _load_saved(out / "tokenizer.json")
     ids = _special_ids(tok)
     splits = {}
@@ -492,7 +520,7 @@ def finalize(
         "fill_rate": splits["train"].get("fill_rate"),  # of the training rows: what training steps see
         "splits": splits,
         "dtype": str(row_dtype(tok.get_vocab_size())) if layout == "rows" else "int32",
-        "shards": [{k: s[k] for k in ("index", "documents", "tokens", "files", *SPLITS)} for s in shards],
+        "shards": [{k: s[k] for k in ("index", "documents", "tokens", "files", "checksums", *SPLITS)} for s in shards],
         "config": asdict(cfg),
     }
     write_json_atomic(out / "metadata.json", meta)

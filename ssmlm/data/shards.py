@@ -6,12 +6,17 @@ Two layouts, one directory per split (``train/``, ``validation/``), one file set
   documents  ``NNNNN.tokens.npy`` (every document's tokens back to back, no special tokens) and
              ``NNNNN.offsets.npy`` (int64, documents + 1 entries): for causal LMs, packed at training time.
 A shard's files are written to a temporary name and renamed, so a file under its final name is complete.
+Each file's SHA-256 is written at preprocessing (metadata.json) and checked when a reader opens the split: bytes
+changed since (a damaged disk, a stray write) stop the run with one line. A file whose hash matched is recorded in
+verified.json with its size and modification time and not hashed again while both stay the same (a write to
+the file changes its modification time; a fault below the file system that changes neither is not caught).
 Readers memory-map the shards: only the rows asked for are read from disk, so a corpus far larger than
 memory trains from a small machine.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -20,6 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from ssmlm.errors import DataError
+from ssmlm.progress import console
+
+VERIFIED = "verified.json"
+_unchecked_noted: set[Path] = set()
 
 
 def row_dtype(vocab_size: int) -> np.dtype:
@@ -31,12 +40,20 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
 
 
-def save_atomic(path: Path, array: np.ndarray) -> None:
-    """np.save under a temporary name, then rename: a crash leaves a stray .tmp, never a short file."""
+def save_atomic(path: Path, array: np.ndarray) -> str:
+    """np.save under a temporary name, then rename: a crash leaves a stray .tmp, never a short file. Returns the
+    file's checksum."""
     tmp = _tmp_name(path)
     with open(tmp, "wb") as f:
         np.save(f, array)
+    digest = file_checksum(tmp)
     os.replace(tmp, path)
+    return digest
+
+
+def file_checksum(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -58,7 +75,59 @@ def _split_shards(data_dir: Path, split: str, layout: str) -> list[dict]:
         raise DataError(f"{data_dir}: holds the '{meta.get('layout', 'rows')}' layout, not '{layout}'")
     if split not in meta.get("splits", {}):
         raise DataError(f"{data_dir}: has no '{split}' split (has {list(meta.get('splits', {}))})")
-    return [dict(s, file=s["files"][split]) for s in meta["shards"] if s[split]]
+    shards = [dict(s, file=s["files"][split]) for s in meta["shards"] if s[split]]
+    _verify(Path(data_dir), shards, meta.get("layout", "rows"))
+    return shards
+
+
+def shard_files(file: str, layout: str) -> list[str]:
+    """The files (relative to the dataset) of one shard's split, as named in metadata.json's ``files``."""
+    return [file] if layout == "rows" else [f"{file}.tokens.npy", f"{file}.offsets.npy"]
+
+
+def _verify(data_dir: Path, shards: list[dict], layout: str) -> None:
+    """Every file of ``shards`` has the checksum preprocessing wrote, or a DataError names it. A dataset written
+    before checksums existed is read unchecked, saying so once."""
+    expected = {}
+    for s in shards:
+        for rel in shard_files(s["file"], layout):
+            expected[rel] = s.get("checksums", {}).get(rel)
+    if None in expected.values():
+        if data_dir not in _unchecked_noted:
+            _unchecked_noted.add(data_dir)
+            console.print(
+                f"note: {data_dir} was preprocessed before shards had checksums: read unchecked (remove it to "
+                "rebuild it with them)",
+                soft_wrap=True,
+                markup=False,
+            )
+        return
+    marker = data_dir / VERIFIED
+    try:
+        verified = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        verified = {}
+    fresh = {}
+    for rel, digest in expected.items():
+        path = data_dir / rel
+        try:
+            st = path.stat()
+        except OSError:
+            raise DataError(f"{path}: shard missing; remove {data_dir} to rebuild the dataset") from None
+        seen = [st.st_size, st.st_mtime_ns, digest]
+        if verified.get(rel) == seen:
+            continue
+        if file_checksum(path) != digest:
+            raise DataError(
+                f"{path}: shard checksum mismatch (its bytes changed after preprocessing); remove {data_dir} "
+                "to rebuild the dataset (the next run or `ssmlm preprocess` does)"
+            )
+        fresh[rel] = seen
+    if fresh:
+        try:  # a read-only dataset is still checked, only not remembered
+            write_json_atomic(marker, {**verified, **fresh})
+        except OSError:
+            pass
 
 
 class TokenRows:

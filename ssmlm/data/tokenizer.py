@@ -12,7 +12,8 @@ appended if it lacks them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -41,13 +42,38 @@ def _add_post_processor(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
-def train_wordpiece(lines: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
+def train_wordpiece(
+    lines: Iterable[str] | Callable[[], Iterable[str]], vocab_size: int, lowercase: bool = True
+) -> Tokenizer:
+    """A WordPiece trained on ``lines``, the same file for the same lines on every call.
+
+    `tokenizers`' trainer (a BPE trainer with the "##" continuation prefix) numbers each "##c" piece in the
+    order it meets it while iterating a hash map of the corpus' words, and that order changes with every
+    process; merges of equal count are then taken in order of those ids, so the vocabulary, not only its
+    numbering, can change (huggingface/tokenizers#1794). A first pass stopped before any merge (vocabulary
+    size 0) finds every "##c" piece; the real pass is given them as special tokens in code-point order, which
+    fixes their ids, and they are then made ordinary vocabulary entries again. ``lines`` is read twice: pass a
+    function that opens it again to keep a streamed corpus streamed (a one-shot iterator is kept in memory).
+    """
+    if callable(lines):
+        read = lines
+    else:
+        kept = lines if isinstance(lines, list | tuple) else list(lines)
+        read = lambda: kept  # noqa: E731
     tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, min_frequency=2, show_progress=False
+    tok.train_from_iterator(read(), trainer=_wordpiece_trainer(0, SPECIALS))
+    continuing = sorted(t for t in tok.get_vocab() if t.startswith("##") and len(t) == 3)
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
+    tok.train_from_iterator(read(), trainer=_wordpiece_trainer(vocab_size, SPECIALS + continuing))
+    saved = json.loads(tok.to_str())
+    saved["added_tokens"] = [t for t in saved["added_tokens"] if t["content"] in SPECIALS]
+    return _add_post_processor(Tokenizer.from_str(json.dumps(saved)))
+
+
+def _wordpiece_trainer(vocab_size: int, special_tokens: list[str]) -> trainers.WordPieceTrainer:
+    return trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, min_frequency=2, show_progress=False
     )
-    tok.train_from_iterator(lines, trainer=trainer)
-    return _add_post_processor(tok)
 
 
 def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:

@@ -1,7 +1,8 @@
 """The one driver behind `ssmlm pretrain`, `extend-length` and `finetune`.
 
-Every kind of work does the same setup — distributed start, the batch-layout check, the source run, the run
-directory (written only once the data and the model are ready, removed again if nothing was trained), the
+Every kind of work does the same setup — distributed start, the batch-layout check, the run's lock (one writer
+at a time: ssmlm.lockfile), the source run, the run directory (written only once the data and the model are
+ready, removed again if nothing was trained), the
 tokenizer copy, the loop, the summary — and differs only in its parts (ssmlm.train.parts): which model,
 objective, batches, controller and selection rule. Which parts run is decided here, once: by the kind of work
 and by whether the model family is a language model (``ssmlm.models.is_lm``, the family registry's word).
@@ -9,6 +10,7 @@ and by whether the model family is a language model (``ssmlm.models.is_lm``, the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -20,6 +22,8 @@ import jax
 
 from ssmlm.checks import checkpoint_step
 from ssmlm.errors import UserError
+from ssmlm.lockfile import locked
+from ssmlm.progress import console
 from ssmlm.recipe import Recipe
 from ssmlm.runs import (
     Run,
@@ -131,16 +135,18 @@ def drive(
     check_available(recipe.train.trackers)  # a tracker's missing package, before any data work
     own = None if kind == "finetune" else parts_for(kind, recipe.model.arch)
     early_checks(kind, recipe, run_dir)
-    source = source_run(recipe, kind, init, quiet)
-    of_source = parts_for(kind, source.recipe.model.arch) if source is not None else None
-    parts = own or of_source
-    work = parts.prepare(recipe, kind, source, quiet)
-    if init == "random":  # the manifest says so; the source named is the architecture's (None: the recipe's)
-        work.info.update(init="random", source=str(source.dir) if recipe.train.init_from else None)
-    stage = work.stage
-    stage.hooks = [*stage.hooks, *(hooks or [])]
     lead = jax.process_index() == 0
-    with removed_on_failure(run_dir):
+    # one writer per run: a second start of it is refused before any data work (process 0 writes the run for all)
+    lock = locked(run_dir, "run", say=_say) if lead else contextlib.nullcontext()
+    with removed_on_failure(run_dir), lock:
+        source = source_run(recipe, kind, init, quiet)
+        of_source = parts_for(kind, source.recipe.model.arch) if source is not None else None
+        parts = own or of_source
+        work = parts.prepare(recipe, kind, source, quiet)
+        if init == "random":  # the manifest says so; the source named is the architecture's (None: the recipe's)
+            work.info.update(init="random", source=str(source.dir) if recipe.train.init_from else None)
+        stage = work.stage
+        stage.hooks = [*stage.hooks, *(hooks or [])]
         if lead:
             prepare_run_dir(run_dir, work.recipe, work.info)
             shutil.copyfile(work.tokenizer, run_dir / "tokenizer.json")
@@ -149,12 +155,16 @@ def drive(
         barrier("run-dir")
         stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
         summary = loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
-    if lead:
-        summary.update(work.summary)
-        if work.selection:
-            summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", work.selection)
-        atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+        if lead:
+            summary.update(work.summary)
+            if work.selection:
+                summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", work.selection)
+            atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _say(line: str) -> None:
+    console.print(line, soft_wrap=True, markup=False)
 
 
 def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", **kw) -> dict[str, Any]:
