@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from ssmlm.checks import checkpoint_step
-from ssmlm.errors import UserError
+from ssmlm.errors import Diverged, UserError
 from ssmlm.recipe import Recipe
 from ssmlm.runs import (
     Run,
@@ -140,6 +140,22 @@ def drive(
     stage = work.stage
     stage.hooks = [*stage.hooks, *(hooks or [])]
     lead = jax.process_index() == 0
+    try:
+        summary = _train(stage, work, run_dir, lead, quiet, stop_after)
+    except Diverged as e:  # a failed run says so where a finished one keeps its numbers
+        if lead and run_dir.is_dir():
+            atomic_write(run_dir / "summary.json", json.dumps({"kind": kind, "failed": f"diverged: {e}"}, indent=2))
+        raise
+    if lead:
+        summary.update(work.summary)
+        if work.selection:
+            summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", work.selection)
+        atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def _train(stage, work, run_dir: Path, lead: bool, quiet: bool, stop_after: int | None) -> dict[str, Any]:
+    """The run directory written (removed again if nothing was trained), then the loop."""
     with removed_on_failure(run_dir):
         if lead:
             prepare_run_dir(run_dir, work.recipe, work.info)
@@ -148,13 +164,7 @@ def drive(
                 atomic_write(run_dir / name, text)
         barrier("run-dir")
         stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
-        summary = loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
-    if lead:
-        summary.update(work.summary)
-        if work.selection:
-            summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", work.selection)
-        atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
-    return summary
+        return loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
 
 
 def pretrain(recipe: Recipe, run_dir: Path, kind: str = "pretrain", **kw) -> dict[str, Any]:
