@@ -158,7 +158,7 @@ def run(
             _train(ctx, state, defaults, launch, ctrl_c)
             if ctrl_c.requested and state.step < ctx.total:
                 _interrupted(ctx, state, defaults)
-            summary = _finish(ctx, state, defaults, launch, ends_hooks=not ctrl_c.requested)
+            summary = _finish(ctx, state, defaults, launch, ctrl_c)
             if state.eval_pending:  # a Ctrl-C during the final evaluation: the checkpoint is saved, the rest waits
                 _interrupted(ctx, state, [])
     except OSError as e:  # a log or record that could not be written (a full disk, a lost permission)
@@ -374,12 +374,12 @@ def _interrupted(ctx: RunContext, state: TrainState, defaults: list[Hook]) -> No
 
 
 def _finish(
-    ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches, ends_hooks: bool = True
+    ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches, ctrl_c: CtrlC | None = None
 ) -> dict[str, Any]:
     """The final evaluation and checkpoint (or, stopped early, the one to resume from); the summary, with the
     seconds of this start (``seconds``) and of all the run's starts (``launches``, ``seconds_total``). The user
-    hooks' on_end (the loss plot) only without a stop request: a spot machine's SIGTERM gives ~30 s before the
-    kill, and the plots can be drawn later (the next invocation, `ssmlm analyze`)."""
+    hooks' on_end (the loss plot) only without a stop request, one during the final evaluation or save included:
+    a spot machine's SIGTERM gives ~30 s before the kill, and the next invocation or `ssmlm analyze` draws them."""
     for hook in defaults:
         hook.at_end(state)
     ctx.ckpt.close()
@@ -398,7 +398,7 @@ def _finish(
     if ctx.ckpt.best_step() is not None:
         summary["best_checkpoint"] = ctx.ckpt.best_step()
     ctx.stage.model = nnx.merge(ctx.graphdef, state.params)
-    if not ends_hooks:
+    if ctrl_c is not None and ctrl_c.requested:
         return summary
     with next(h for h in defaults if isinstance(h, Progress)).phase("finishing (plots)"):  # e.g. the loss plot
         emit(ctx.hooks, "on_end", summary)
