@@ -167,6 +167,7 @@ def test_a_full_disk_stops_the_run_at_once_and_keeps_the_newest_checkpoint(recip
     assert "free space (or fix the permissions) and run the same command again to resume" in message
     err = capfd.readouterr().err
     assert "Traceback" not in err and "RESOURCE_EXHAUSTED" not in err.replace(message, ""), err
+    assert "Event loop is closed" not in err, err
     kept = finite_checkpoints(run_dir)
     assert kept and max(kept) <= 4 and f"step {max(kept)}, is kept" in message
     logged = [x["step"] for x in rows(run_dir) if x.get("split") is None]

@@ -20,6 +20,7 @@ import logging
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,6 +88,35 @@ class _SaveFailures(logging.Filter):
         if record.exc_info and record.exc_info[1] is not None and self.error is None:
             self.error = record.exc_info[1]
         return False
+
+
+class _OrbaxTasks(logging.Filter):
+    """asyncio's "Task exception was never retrieved" for Orbax's write tasks of a failed save (printed when they
+    are collected, often at exit): that failure was reported in one line already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "orbax" not in record.getMessage()
+
+
+def _quiet_failed_saves() -> None:
+    """A failed save's leftovers print nothing more (it is reported in one line): Orbax's write tasks that asyncio
+    finds unretrieved, tensorstore's callbacks into Orbax's event loop once it is closed (they reach
+    sys.unraisablehook while the save fails, before the failure is known), and coroutines never awaited at exit."""
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OrbaxTasks) for f in log.filters):
+        log.addFilter(_OrbaxTasks())
+    warnings.filterwarnings("ignore", message="coroutine .*write_fragment.* was never awaited", category=RuntimeWarning)
+    previous = sys.unraisablehook
+    if getattr(previous, "quiets_orbax", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and "Event loop is closed" in str(error)):
+            previous(unraisable)
+
+    hook.quiets_orbax = True
+    sys.unraisablehook = hook
 
 
 class CheckpointWriteError(CheckpointError):
@@ -178,6 +208,7 @@ class Checkpoints:
             )
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
         _quiet_unfinished_saves()
+        _quiet_failed_saves()
         self._failures = _SaveFailures()
         logging.getLogger("absl").addFilter(self._failures)
         self._in_flight: int | None = None  # the step of the save not yet known to be committed
