@@ -20,3 +20,8 @@ class CheckpointError(UserError):
 class Interrupted(UserError):
     """Ctrl-C during training: a checkpoint was written; re-running the command resumes. Lives here, not in the
     training loop, so that the CLI can catch it without importing jax."""
+
+
+class Diverged(UserError):
+    """Training stopped because its steps kept failing (non-finite loss or gradient) or its weights became
+    non-finite; the run's summary.json records it as failed, and an experiment does not reuse the run as done."""

@@ -776,3 +776,20 @@ def test_a_local_task_may_be_named_in_the_file(setup):
         a["finetune"]["set"] = []
     with pytest.raises(ExperimentError, match=r"arms\.\w+\.finetune\.task: unknown task 'polarity'"):
         load_experiment(write_experiment(setup, arms=arms))
+
+
+def test_a_diverged_run_is_a_failed_arm_and_is_never_reused_as_done(setup, corpus_file):
+    diverging = tiny_recipe(
+        setup["tmp"] / "diverging.yaml",
+        corpus_file,
+        train={"steps": 12, "learning_rate": 1e6, "warmup_steps": 0, "log_every": 4, "checkpoint_every": 2},
+    )
+    path = write_one_arm(setup, "nan", str(diverging), [0])
+    out = setup["tmp"] / "out"
+    for _ in (1, 2):  # the second invocation runs it again (from its newest checkpoint), not "reused"
+        r = run_experiment(path, out)
+        assert r.exit_code == 1, r.output
+        assert "FAILED pretrain bigs seed 0" in r.output and "training diverged by step" in r.output, r.output
+        assert "reused" not in r.output
+    (summary,) = out.rglob("summary.json")
+    assert json.loads(summary.read_text())["failed"].startswith("diverged:")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
-from conftest import invoke
+from conftest import invoke, tiny_recipe
 
 
 def birdie_recipe(tmp_path: Path, corpus: Path, **controller) -> Path:
@@ -96,3 +96,32 @@ def test_ctrl_c_during_the_controller_update_stops_at_once(tmp_path, corpus_file
     assert steps(run_dir, "validation") == [1, 5, 6]
     assert steps(run_dir, "controller") == [0, 1, 5]
     assert json.loads((run_dir / "summary.json").read_text())["launches"] == 2
+
+
+def test_sigterm_in_the_final_evaluation_saves_and_exits_without_plots(tmp_path, corpus_file):
+    # a spot machine gives ~30 s between its notice and the kill: the checkpoint, then out; the plots wait
+    recipe = tiny_recipe(
+        tmp_path / "r.yaml", corpus_file, data={"validation_fraction": 0.3}, train={"steps": 6, "eval_batches": 0}
+    )
+    run_dir = tmp_path / "runs" / "r"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = ["pretrain", str(recipe), "-q"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ssmlm", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    wait_for_row(proc, run_dir, "train", 6)  # the last step is logged: the final evaluation (it compiles) runs now
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted:")]
+    assert "its evaluation is done first on resume" in line
+    assert not (run_dir / "loss.png").exists() and not (run_dir / "summary.json").exists()
+    assert json.loads((run_dir / "checkpoints" / "6" / "meta" / "metadata").read_text())["evaluation_pending"]
+
+    invoke(*args)  # the next invocation evaluates, and draws the plot
+    assert (run_dir / "loss.png").exists() and steps(run_dir, "validation") == [6]

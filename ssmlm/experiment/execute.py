@@ -1,6 +1,7 @@
 """Running one job of the plan in this process, by the functions the CLI calls: a training run through
 ssmlm.train.drive, an evaluation as `ssmlm evaluate` writes it (RUN/eval/TASK-SPLIT.json), an analysis as
-`ssmlm analyze NAME --ckpt RUN` does. A run whose summary.json (an analysis whose marker) exists is reused, and an
+`ssmlm analyze NAME --ckpt RUN` does. A run whose summary.json (an analysis whose marker) exists is reused, unless
+it says the run failed (it runs again and fails again, or not, as it will), and an
 evaluation whose JSON exists and scored the job's limit at the run's final step (`ssmlm evaluate` by hand writes
 the same file); an unfinished training run resumes from its newest checkpoint (the driver's own rule)."""
 
@@ -24,8 +25,9 @@ def execute(job: Job, verbose: bool = False) -> tuple[dict, bool]:
         if job.kind == "analyze":
             return _analyze(job)
         path = job.run_dir / "summary.json"
-        if path.is_file():
-            return json.loads(path.read_text()), True
+        if path.is_file() and "failed" not in (done := json.loads(path.read_text())):
+            return done, True
+        # a run that failed (diverged) is no result: it runs again, from its newest (finite) checkpoint
         from ssmlm.analyze.plots import LossPlot
         from ssmlm.train import drive
 

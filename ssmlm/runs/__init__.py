@@ -130,6 +130,10 @@ def refuse_other_recipe(run_dir: Path, recipe: Recipe, as_resolved=None) -> None
             keep_steps=[],
             out_dir="",
             trackers=[],
+            # how many skipped steps stop a run: a stricter or looser guard on a resumed run trains the same
+            max_skipped_steps=0,
+            max_skipped_in_a_row=1,
+            max_skipped_share=0.0,
         ),
     )
     if same(old) != same(recipe):

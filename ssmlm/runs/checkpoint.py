@@ -20,6 +20,7 @@ import logging
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +72,55 @@ def _quiet_unfinished_saves() -> None:
     absl = logging.getLogger("absl")
     if not any(isinstance(f, _UnfinishedSaves) for f in absl.filters):
         absl.addFilter(_UnfinishedSaves())
+
+
+class _SaveFailures(logging.Filter):
+    """Orbax's own tracebacks for a save that failed in its background threads (a full disk, a lost permission):
+    kept here, not printed; the run reports the failure in one line (Checkpoints.poll / wait / close)."""
+
+    def __init__(self):
+        super().__init__()
+        self.error: BaseException | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+            return True
+        if record.exc_info and record.exc_info[1] is not None and self.error is None:
+            self.error = record.exc_info[1]
+        return False
+
+
+class _OrbaxTasks(logging.Filter):
+    """asyncio's "Task exception was never retrieved" for Orbax's write tasks of a failed save (printed when they
+    are collected, often at exit): that failure was reported in one line already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "orbax" not in record.getMessage()
+
+
+def _quiet_failed_saves() -> None:
+    """A failed save's leftovers print nothing more (it is reported in one line): Orbax's write tasks that asyncio
+    finds unretrieved, tensorstore's callbacks into Orbax's event loop once it is closed (they reach
+    sys.unraisablehook while the save fails, before the failure is known), and coroutines never awaited at exit."""
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OrbaxTasks) for f in log.filters):
+        log.addFilter(_OrbaxTasks())
+    warnings.filterwarnings("ignore", message="coroutine .*write_fragment.* was never awaited", category=RuntimeWarning)
+    previous = sys.unraisablehook
+    if getattr(previous, "quiets_orbax", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and "Event loop is closed" in str(error)):
+            previous(unraisable)
+
+    hook.quiets_orbax = True
+    sys.unraisablehook = hook
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written; the message says which step was kept and how to go on."""
 
 
 def _reason(e: BaseException) -> str:
@@ -158,6 +208,11 @@ class Checkpoints:
             )
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
         _quiet_unfinished_saves()
+        _quiet_failed_saves()
+        self._failures = _SaveFailures()
+        logging.getLogger("absl").addFilter(self._failures)
+        self._in_flight: int | None = None  # the step of the save not yet known to be committed
+        self._failed = False  # a save failed (and was reported): closing reports nothing more
         self._remove_unfinished()
         with _quiet_orbax():  # it reads every step's metadata; a damaged one is reported by restore_newest
             self.mgr = ocp.CheckpointManager(self.dir, options=opts)
@@ -175,6 +230,8 @@ class Checkpoints:
             _removed_unfinished(path.name.split(".")[0])
 
     def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None, controller=None) -> None:
+        """Start an asynchronous save of ``step`` (after the previous one is committed); a save that fails now or
+        in the background is a CheckpointWriteError, raised here or by the next poll / wait / close."""
         items = dict(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
@@ -184,7 +241,58 @@ class Checkpoints:
             items["controller"] = ocp.args.StandardSave(controller)
         args = ocp.args.Composite(**items)
         metrics = eval_metrics if (self.best and eval_metrics and self.best in eval_metrics) else None
-        self.mgr.save(step, args=args, force=True, metrics=metrics)
+        with self._writing(step):
+            self.mgr.save(step, args=args, force=True, metrics=metrics)
+        self._in_flight = step
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None):
+        """Any failure of a save (Orbax's many error types: OSError, tensorstore's RESOURCE_EXHAUSTED, ...) as one
+        CheckpointWriteError naming the newest committed step; a save that ended uncommitted is one too."""
+        try:
+            yield
+        except CheckpointWriteError:
+            raise
+        except Exception as e:
+            self._raise_failed(step if step is not None else self._in_flight, e)
+        if self._failures.error is not None:
+            self._raise_failed(self._in_flight, self._failures.error)
+
+    def _check_committed(self) -> None:
+        """After the save in flight has finished: raise if its step was not committed."""
+        step, self._in_flight = self._in_flight, None
+        if step is not None and step not in self.committed_steps():
+            self._in_flight = step
+            self._raise_failed(step, self._failures.error)
+
+    def _raise_failed(self, step: int | None, e: BaseException | None):
+        self._in_flight, self._failed = None, True
+        self._failures.error = None
+        kept = [s for s in self.committed_steps() if s != step]
+        why = f" ({_reason(e)})" if e is not None else ""
+        newest = f"the newest complete checkpoint, step {max(kept)}, is kept" if kept else "no checkpoint was kept"
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of step {step} in {self.dir}{why}; {newest}; free space (or fix the "
+            "permissions) and run the same command again to resume"
+        ) from None
+
+    def committed_steps(self) -> list[int]:
+        """The steps whose checkpoint is complete on disk (Orbax commits a save by renaming its folder)."""
+        if not self.dir.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and p.is_dir())
+
+    def poll(self) -> None:
+        """Without waiting: raise if the save in flight has failed (checked between steps, so a full disk stops
+        the run at once rather than at the next save)."""
+        if self._in_flight is None:
+            return
+        if self._failures.error is not None:
+            self._raise_failed(self._in_flight, self._failures.error)
+        if not self.mgr.is_saving_in_progress():
+            with self._writing(None):
+                self.mgr.wait_until_finished()  # finished: returns at once, or raises the save's error
+            self._check_committed()
 
     def best_step(self) -> int | None:
         return self.mgr.best_step() if self.best else None
@@ -231,11 +339,18 @@ class Checkpoints:
         return dest
 
     def wait(self) -> None:
-        self.mgr.wait_until_finished()
+        with self._writing(None):
+            self.mgr.wait_until_finished()
+        self._check_committed()
 
     def close(self) -> None:
-        self.mgr.wait_until_finished()
-        self.mgr.close()
+        try:
+            if not self._failed:
+                self.wait()
+        finally:
+            with contextlib.suppress(Exception):  # after a failed save Orbax may fail to close too: reported above
+                self.mgr.close()
+            logging.getLogger("absl").removeFilter(self._failures)
 
 
 def load_params(run_dir: Path, abstract_params, step: int | None = None):

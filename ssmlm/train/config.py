@@ -46,7 +46,12 @@ class TrainConfig:
     # Rules tried before the model family's own (first match wins), e.g. [{pattern: "^encoder/embeddings/",
     # lr_multiplier: 0.0}] freezes the embeddings. See ssmlm.models.rules.
     param_rules: list[ParamRuleConfig] = dataclasses.field(default_factory=list)
-    max_skipped_steps: int = 10  # updates skipped for a non-finite loss/gradient before the run stops
+    # Divergence guard: a step whose loss or gradient is not finite is skipped (no update); too many stop the run
+    # with an error (summary.json says failed, and no checkpoint of non-finite weights is written). Checked at
+    # every logging step, at the end and before every checkpoint.
+    max_skipped_steps: int = 10  # skipped steps in all (over every start of the run) before the run stops
+    max_skipped_in_a_row: int = 3  # skipped steps in a row before the run stops (a diverged model skips every step)
+    max_skipped_share: float = 0.1  # from step 10 on: the share of the steps so far that may be skipped
     seed: int = 42
     log_every: int = 10
     eval_every: int = 0  # 0: only at the end
@@ -86,6 +91,8 @@ TRAIN_RANGES: dict[str, Rule] = {
     "param_rules[].pattern": REGEX,
     "param_rules[].lr_multiplier": Rule(lambda v: v >= 0, "at least 0 (0 = frozen)"),
     "max_skipped_steps": NON_NEGATIVE,
+    "max_skipped_in_a_row": POSITIVE,
+    "max_skipped_share": FRACTION,
     "seed": NON_NEGATIVE,
     "log_every": POSITIVE,
     "eval_every": Rule(lambda v: v >= 0, "at least 0 (0 = only at the end)"),

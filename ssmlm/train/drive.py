@@ -21,7 +21,7 @@ from typing import Any
 import jax
 
 from ssmlm.checks import checkpoint_step
-from ssmlm.errors import UserError
+from ssmlm.errors import Diverged, UserError
 from ssmlm.lockfile import locked
 from ssmlm.progress import console
 from ssmlm.recipe import Recipe
@@ -147,20 +147,31 @@ def drive(
             work.info.update(init="random", source=str(source.dir) if recipe.train.init_from else None)
         stage = work.stage
         stage.hooks = [*stage.hooks, *(hooks or [])]
-        if lead:
-            prepare_run_dir(run_dir, work.recipe, work.info)
-            shutil.copyfile(work.tokenizer, run_dir / "tokenizer.json")
-            for name, text in work.files.items():
-                atomic_write(run_dir / name, text)
-        barrier("run-dir")
-        stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
-        summary = loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
+        try:
+            summary = _train(stage, work, run_dir, lead, quiet, stop_after)
+        except Diverged as e:  # a failed run says so where a finished one keeps its numbers
+            if lead and run_dir.is_dir():
+                failed = {"kind": kind, "failed": f"diverged: {e}"}
+                atomic_write(run_dir / "summary.json", json.dumps(failed, indent=2))
+            raise
         if lead:
             summary.update(work.summary)
             if work.selection:
                 summary["best_validation"] = best_validation(run_dir / "metrics.jsonl", work.selection)
             atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _train(stage, work, run_dir: Path, lead: bool, quiet: bool, stop_after: int | None) -> dict[str, Any]:
+    """The run directory written (removed again by the caller if nothing was trained), then the loop."""
+    if lead:
+        prepare_run_dir(run_dir, work.recipe, work.info)
+        shutil.copyfile(work.tokenizer, run_dir / "tokenizer.json")
+        for name, text in work.files.items():
+            atomic_write(run_dir / name, text)
+    barrier("run-dir")
+    stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
+    return loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
 
 
 def _say(line: str) -> None:

@@ -4,7 +4,8 @@ After every step ``loop.run`` calls each default hook's ``after_step`` in this o
 
 1. MetricsLogger: the training metrics of each window to metrics.jsonl (every train.log_every steps and at the
    invocation's last step), then the user hooks' ``on_log``;
-2. DivergenceGuard: stops the run once too many steps were skipped for a non-finite loss or gradient;
+2. DivergenceGuard: stops the run (Diverged) once too many steps were skipped for a non-finite loss or gradient
+   (checked at logging steps, at the end and before every checkpoint, which is also refused for non-finite weights);
 3. Progress: the bar's count of finished steps and its loss / lr / tok/s / mfu (without a terminal, its plain
    line every ~30 s);
 4. Evaluation: validation at the recipe's cadences, the user hooks' ``on_eval``, the controller's update;
@@ -29,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ssmlm.errors import UserError
+from ssmlm.errors import Diverged
 
 # The loop's ssmlm.train.loop.RunContext and TrainState, named here without importing the loop (which imports
 # this module): no import cycle, not even one for type hints.
@@ -81,6 +82,8 @@ class LogLine:
     lr: float
     tokens_per_s: float
     mfu: float | None
+    skipped: int = 0  # steps of the window skipped for a non-finite loss or gradient
+    good: int = 1  # steps of the window that updated the weights (0: the record has no training metrics)
 
 
 class MetricsLogger(Hook):
@@ -107,8 +110,9 @@ class MetricsLogger(Hook):
         sums = _to_host(self.sum)
         skipped = int(round(sums.pop("skipped")))
         state.skipped_total += skipped
-        good = max(self.steps - skipped, 1)
-        state.last = {k: v / good for k, v in sums.items()}
+        good = self.steps - skipped
+        if good:  # a window whose every step was skipped has no training metrics: the newest good ones stand
+            state.last = {k: v / good for k, v in sums.items()}
         now = time.time()
         # Padding is not work: tokens/s (and MFU) count the real tokens of every process's rows.
         real = self.tokens * jax.process_count()
@@ -122,7 +126,7 @@ class MetricsLogger(Hook):
             "tokens_per_s": round(tps, 1),
             "fill": round(fill, 4),
             "time": round(now, 3),
-            **state.last,
+            **(state.last if good else {}),
         }
         if skipped:
             rec["skipped"] = skipped
@@ -131,22 +135,75 @@ class MetricsLogger(Hook):
             rec["mfu"] = float(f"{mfu:.4g}")
         self.ctx.log.write(rec)
         emit(self.ctx.hooks, "on_log", state.step, rec)
-        return LogLine(rec, lr, tps, mfu)
+        return LogLine(rec, lr, tps, mfu, skipped, good)
+
+
+SHARE_AFTER = 10  # steps before train.max_skipped_share applies: one early skip is not yet a share
 
 
 class DivergenceGuard(Hook):
-    """At each logging step: a UserError once more than train.max_skipped_steps steps were skipped."""
+    """Stops the run (Diverged) once too many steps were skipped for a non-finite loss or gradient: more than
+    train.max_skipped_steps in all, train.max_skipped_in_a_row in a row, or (from step SHARE_AFTER on) more than
+    the share train.max_skipped_share of the steps so far. The counts are kept on the device (no host sync per
+    step) and read at each logging step, at the end and before every checkpoint (``check``, which Checkpointing
+    calls): a diverged run never saves the steps it skipped through. ``newest`` names the newest checkpoint."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, ctx: RunContext, newest: Callable[[], int | None] = lambda: None):
+        self.ctx, self.newest = ctx, newest
+        self.counted: int | None = None  # skipped steps up to the last check (from the restored checkpoint on)
+        self.pending = self.run = self.longest = None  # on device: since the last check, the current streak, its max
+        self.streak = 0  # the streak at the last check
 
     def after_step(self, state: TrainState) -> None:
-        if state.log_line is not None and state.skipped_total > self.limit:
-            raise UserError(
-                f"training diverged: {state.skipped_total} steps had a non-finite loss or gradient "
-                f"(limit train.max_skipped_steps = {self.limit}), the last by step {state.step}; "
-                "lower train.learning_rate or set train.grad_clip"
+        if self.counted is None:
+            self.counted = state.skipped_total  # a resumed run's count, from its checkpoint
+        s = state.outputs["skipped"]
+        if self.run is None:
+            self.pending, self.run, self.longest = s, (self.streak + s) * s, (self.streak + s) * s
+        else:
+            self.pending, self.run = self.pending + s, (self.run + s) * s
+            self.longest = jnp.maximum(self.longest, self.run)
+        if state.log_line is not None:
+            self.check(state)
+
+    def at_end(self, state: TrainState) -> None:  # before the final evaluation: a diverged run is not evaluated
+        self.check(state)
+
+    def check(self, state: TrainState) -> None:
+        if self.run is None:
+            return
+        pending, run, longest = (int(round(float(x))) for x in jax.device_get((self.pending, self.run, self.longest)))
+        self.counted = (self.counted or 0) + pending
+        self.pending = self.run = self.longest = None
+        self.streak = run
+        cfg, step, total = self.ctx.cfg, state.step, self.ctx.total
+        if longest > cfg.max_skipped_in_a_row:
+            limit = cfg.max_skipped_in_a_row
+            why = f"{longest} steps in a row were skipped (more than train.max_skipped_in_a_row = {limit})"
+        elif self.counted > cfg.max_skipped_steps:
+            why = f"{self.counted} steps were skipped (more than train.max_skipped_steps = {cfg.max_skipped_steps})"
+        elif step >= SHARE_AFTER and self.counted > cfg.max_skipped_share * step:
+            why = (
+                f"{self.counted} of the {step} steps so far were skipped (more than train.max_skipped_share = "
+                f"{cfg.max_skipped_share:g})"
             )
+        else:
+            return
+        raise Diverged(
+            f"training diverged by step {step}/{total}: {why} for a non-finite loss or gradient; "
+            f"{newest_words(self.newest())}; lower train.learning_rate, set train.grad_clip, or check the data"
+        )
+
+
+def newest_words(step: int | None) -> str:
+    return f"the newest checkpoint is step {step}, saved before it" if step else "no checkpoint was saved"
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """One bool on the device: every floating-point value of ``tree`` is finite."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves])) if leaves else jnp.bool_(True)
 
 
 class Progress(Hook):
@@ -185,11 +242,11 @@ class Progress(Hook):
         if line is None:
             self.bar.update(self.task, **done)
             return
-        loss, tps, mfu = state.last["loss"], line.tokens_per_s, line.mfu
+        tps, mfu = line.tokens_per_s, line.mfu
         self.bar.update(
             self.task,
             **done,
-            loss=f"{loss:.4f}",
+            loss=loss_text(line, state.last.get("loss")),
             lr=f"{line.lr:.2e}",
             mfu=f"{mfu:.1%}" if mfu else "-",
             **{"tok/s": f"{tps:,.0f}"},
@@ -198,6 +255,13 @@ class Progress(Hook):
     def at_interrupt(self, state: TrainState) -> None:  # the steps before the stop: the checkpoint waits for them
         self.pending.clear()
         self.bar.update(self.task, completed=state.step)
+
+
+def loss_text(line: LogLine, loss: float | None) -> str:
+    """The bar's loss: the window's mean over its good steps, and how many were skipped (never a 0 for them)."""
+    if not line.good or loss is None:
+        return f"skipped ({line.skipped})"
+    return f"{loss:.4f}" + (f" ({line.skipped} skipped)" if line.skipped else "")
 
 
 def _ready(output) -> bool:
@@ -289,12 +353,18 @@ class Checkpointing(Hook):
     first step counts as saved); each save is announced to the user hooks' on_checkpoint. ``phase``
     (Progress.phase) shows the save on the bar, and leaves its time out of the ETA."""
 
-    def __init__(self, ctx: RunContext, phase: Callable[[str], AbstractContextManager] | None = None):
-        self.ctx = ctx
+    def __init__(
+        self,
+        ctx: RunContext,
+        phase: Callable[[str], AbstractContextManager] | None = None,
+        guard: DivergenceGuard | None = None,
+    ):
+        self.ctx, self.guard = ctx, guard
         self.phase = phase or (lambda label: nullcontext(_Unnamed()))
 
     def after_step(self, state: TrainState) -> None:
         cfg = self.ctx.cfg
+        self.ctx.ckpt.poll()  # a save that failed in the background stops the run now, not at the next save
         periodic = (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or state.step in cfg.keep_steps
         if state.step < self.ctx.total and (periodic or (state.fresh_eval is not None and cfg.keep_best)):
             self.save(state, state.fresh_eval)
@@ -309,6 +379,15 @@ class Checkpointing(Hook):
         step, ctx = state.step, self.ctx
         if step in state.saved:  # e.g. a periodic save right before a stop at the same step
             return
+        if self.guard is not None:
+            self.guard.check(state)
+        # one reduced bool, read once per save: the newest checkpoint is always one of finite weights
+        if not bool(_all_finite((state.params, state.opt_state))):
+            raise Diverged(
+                f"training diverged by step {step}/{self.ctx.total}: its parameters or optimizer state are not "
+                f"finite, so it was not saved; {newest_words(self.ctx.ckpt.latest_step())}; lower "
+                "train.learning_rate, set train.grad_clip, or check the data"
+            )
         state.saved.add(step)
         meta = {
             "step": step,

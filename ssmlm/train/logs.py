@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from ssmlm.errors import UserError
 from ssmlm.runs import atomic_write
 from ssmlm.train.hooks import emit
 
@@ -19,6 +20,7 @@ class MetricsLog:
         self.path = path
         self.enabled = enabled
         self.listeners = listeners if listeners is not None else []
+        self.size: int | None = None  # bytes the log holds as this run left it (None: not yet known)
 
     def rows(self) -> list[dict]:
         """The rows written so far; a line cut short by a kill (only ever the last) is left out."""
@@ -38,16 +40,33 @@ class MetricsLog:
         """Keep only the rows up to ``step``, the restored checkpoint's (None: no row), training, validation and
         controller rows alike: the steps after it are trained (and logged) again. Written to a temporary file and
         renamed over the log, so a kill at any moment leaves either the old log or the cut one."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled:
+            return
+        if not self.path.exists():
+            self.size = 0
             return
         keep = [row for row in self.rows() if step is not None and row["step"] <= step]
-        atomic_write(self.path, "".join(json.dumps(row) + "\n" for row in keep))
+        text = "".join(json.dumps(row) + "\n" for row in keep)
+        atomic_write(self.path, text)
+        self.size = len(text.encode())
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        # A log removed or cut while the run writes it would silently lose the rows before this one: the record of
+        # the run is no longer whole, so the run stops rather than go on writing a partial one.
+        found = self.path.stat().st_size if self.path.exists() else None
+        if self.size is not None and (found or 0) != self.size:
+            state = "was removed" if found is None else f"changed size ({found} bytes where this run wrote {self.size})"
+            raise UserError(
+                f"{self.path} {state} while the run wrote it: rows before step {record['step']} are lost; restore "
+                "the file, or train again in a new run (--name), for a whole record"
+            )
+        with self.path.open("ab") as f:
+            f.write(line)
+        if self.size is not None:
+            self.size += len(line)
         emit(self.listeners, "on_record", record)
 
 

@@ -27,6 +27,8 @@ made of while training runs (Birdie's objective mixture): its state is saved in 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +62,8 @@ from ssmlm.train.mesh import check_batch, make_mesh, put_batch
 from ssmlm.train.optim import Optimizer, make_optimizer, rule_records, rule_table
 from ssmlm.train.step import make_train_step, step_shardings
 from ssmlm.train.threads import PREFETCH_DEPTH, CtrlC, Prefetcher, interruptibly
+
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}  # write failures the user can fix
 
 
 @dataclass
@@ -154,11 +158,23 @@ def run(
             _train(ctx, state, defaults, launch, ctrl_c)
             if ctrl_c.requested and state.step < ctx.total:
                 _interrupted(ctx, state, defaults)
-            summary = _finish(ctx, state, defaults, launch)
+            summary = _finish(ctx, state, defaults, launch, ctrl_c)
             if state.eval_pending:  # a Ctrl-C during the final evaluation: the checkpoint is saved, the rest waits
                 _interrupted(ctx, state, [])
+    except OSError as e:  # a log or record that could not be written (a full disk, a lost permission)
+        if e.errno not in UNWRITABLE:
+            raise
+        with contextlib.suppress(Exception):
+            ctx.ckpt.close()
+        kept = ctx.ckpt.committed_steps()
+        newest = f"the newest complete checkpoint, step {kept[-1]}, is kept" if kept else "no checkpoint was kept"
+        raise UserError(
+            f"cannot write '{e.filename}': {e.strerror}; {newest}; free space (or fix the permissions) and run "
+            "the same command again to resume"
+        ) from None
     finally:
-        launch.end(state.step)
+        with contextlib.suppress(OSError):  # a full disk: reported once, above
+            launch.end(state.step)
         for tracker in trackers:  # flushed and closed however the run ends
             tracker.close()
     return summary
@@ -295,13 +311,20 @@ def _default_hooks(ctx: RunContext, bar, task, ctrl_c: CtrlC | None = None) -> l
     eval_step = make_eval_step(stage.eval_fn, ctx.graphdef) if stage.eval_fn is not None else None  # compiled once
     evaluate = lambda params: _evaluate(stage, params, eval_step, ctx.shardings[2].mesh)  # noqa: E731
     progress = Progress(ctx, bar, task)
+    guard = DivergenceGuard(ctx, newest=lambda: _committed(ctx))
     return [
         MetricsLogger(ctx, stage_flops(stage, ctx.recipe), peak_flops_per_second(ctx.cfg.peak_flops)),
-        DivergenceGuard(ctx.cfg.max_skipped_steps),
+        guard,
         progress,
         Evaluation(ctx, evaluate, CONTROL_LAG, run=lambda work: interruptibly(work, ctrl_c), phase=progress.phase),
-        Checkpointing(ctx, phase=progress.phase),
+        Checkpointing(ctx, phase=progress.phase, guard=guard),
     ]
+
+
+def _committed(ctx: RunContext) -> int | None:
+    """The newest checkpoint once the save in flight (if any) is committed."""
+    ctx.ckpt.wait()
+    return ctx.ckpt.latest_step()
 
 
 def _evaluate(stage: Stage, params, eval_step, mesh) -> dict[str, float]:
@@ -350,9 +373,13 @@ def _interrupted(ctx: RunContext, state: TrainState, defaults: list[Hook]) -> No
     )
 
 
-def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches) -> dict[str, Any]:
+def _finish(
+    ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Launches, ctrl_c: CtrlC | None = None
+) -> dict[str, Any]:
     """The final evaluation and checkpoint (or, stopped early, the one to resume from); the summary, with the
-    seconds of this start (``seconds``) and of all the run's starts (``launches``, ``seconds_total``)."""
+    seconds of this start (``seconds``) and of all the run's starts (``launches``, ``seconds_total``). The user
+    hooks' on_end (the loss plot) only without a stop request, one during the final evaluation or save included:
+    a spot machine's SIGTERM gives ~30 s before the kill, and the next invocation or `ssmlm analyze` draws them."""
     for hook in defaults:
         hook.at_end(state)
     ctx.ckpt.close()
@@ -371,6 +398,8 @@ def _finish(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: La
     if ctx.ckpt.best_step() is not None:
         summary["best_checkpoint"] = ctx.ckpt.best_step()
     ctx.stage.model = nnx.merge(ctx.graphdef, state.params)
+    if ctrl_c is not None and ctrl_c.requested:
+        return summary
     with next(h for h in defaults if isinstance(h, Progress)).phase("finishing (plots)"):  # e.g. the loss plot
         emit(ctx.hooks, "on_end", summary)
     return summary

@@ -107,7 +107,7 @@ def make_train_step(
             "loss": jnp.where(ok, loss, 0.0),
             "grad_norm": jnp.where(ok, gnorm, 0.0),
             "skipped": 1.0 - ok.astype(jnp.float32),
-            **aux,
+            **{k: jnp.where(ok, v, 0.0) for k, v in aux.items()},  # a skipped step adds nothing to the window's sums
         }
         return new_params, new_opt, metrics
 
