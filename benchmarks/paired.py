@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def compare(steps: dict[str, Callable[[], object]], reference: str, *, rounds: int = 7, warmup: int = 2,
@@ -97,6 +99,13 @@ def machine_line() -> str:
     import platform
 
     try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from ssmlm.cli import cpu_only_host
+        from ssmlm.targets import quiet_cuda_plugin
+
+        if "JAX_PLATFORMS" not in os.environ and cpu_only_host():  # as the CLI does: no accelerator plugins' noise
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        quiet_cuda_plugin()
         import jax
 
         backend = f"jax {jax.__version__} on {jax.default_backend()}"

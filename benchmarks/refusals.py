@@ -29,11 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paired import compare, machine_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # machine_line() imports jax: the accelerator plugins stay quiet
-from ssmlm.targets import quiet_cuda_plugin  # noqa: E402
-
-quiet_cuda_plugin()
 
 
 def process(*args: str, code: int, cwd: Path):
