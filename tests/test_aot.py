@@ -234,3 +234,227 @@ def test_finetune_and_extend_length_compile_for_a_target(tiny_encoder, tiny_lm):
     assert lm["kind"] == "lm" and lm["memory"]["fits"]
     ext = report("extend-length", "default_extend", "--from", str(tiny_encoder))
     assert ext["kind"] == "mlm" and ext["seq_len"] == load_recipe("default_extend").model.max_seq_length
+
+
+# ----------------------------------------------------------------------------- loops' trip counts
+
+
+# a report as check_on_target writes it, for the printout (its collectives and loops are the test's own)
+SMALL_REPORT = {
+    "target": "v5e:2x2", "chips": 4, "devices": 4, "hosts": 1, "accelerator": "TPU v5e", "recipe": "lm_tiny",
+    "mesh": {"data": 4, "fsdp": 1, "tensor": 1}, "batch_size": 8, "seq_len": 128, "grad_accum": 1,
+    "micro_batch_per_device": 2, "remat": False, "params": 1000, "compile_seconds": 1.0,
+    "memory": {"fits": True, "total": 1, "hbm": 2}, "model_flops_per_step": 1e9,
+    "roofline": {"step_seconds_at_least": 1e-3, "bound_by": "compute", "tokens_per_second_at_most": 1e6,
+                 "mfu_at_most": 0.5},
+}  # fmt: skip
+
+
+def loop_hlo(cond_root: str, start: str = "0", update: str = "add(%i, %one)", known: str = "") -> str:
+    """A program of one while loop holding one all-reduce, in the text form XLA prints (libtpu's: no
+    known_trip_count unless ``known`` adds it): counter = element 0 of the loop's tuple."""
+    return f"""HloModule m
+
+%sum (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {{
+  %p = (s32[]{{:T(128)}}, f32[1024]{{0:T(1024)}}) parameter(0)
+  %one = s32[] constant(1)
+  %two = s32[] constant(2)
+  %g = s32[] get-tuple-element(%p), index=0
+  %i = s32[] copy(%g)
+  %x = f32[1024] get-tuple-element(%p), index=1
+  %r = f32[1024] all-reduce(%x), channel_id=1, replica_groups={{{{0,1,2,3}}}}, to_apply=%sum
+  %next = s32[] {update}
+  ROOT %t = (s32[], f32[1024]) tuple(%next, %r)
+}}
+
+%cond (q: (s32[], f32[1024])) -> pred[] {{
+  %q = (s32[], f32[1024]) parameter(0)
+  %n = s32[] constant(6)
+  %c = s32[] get-tuple-element(%q), index=0
+  %f = f32[1024] get-tuple-element(%q), index=1
+  ROOT %lt = pred[] {cond_root}
+}}
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {{
+  %x = f32[1024] parameter(0)
+  %start = s32[] constant({start})
+  %c0 = s32[] copy(%start)
+  %init = (s32[], f32[1024]) tuple(%c0, %x)
+  %w = (s32[], f32[1024]) while(%init), condition=%cond, body=%body, metadata={{op_name="jit(f)/while"}}{known}
+  ROOT %out = f32[1024] get-tuple-element(%w), index=1
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "cond, start, update, trips",
+    [
+        ("compare(%c, %n), direction=LT", "0", "add(%i, %one)", 6),
+        ("compare(%n, %c), direction=GT", "0", "add(%i, %one)", 6),  # the constant on the left: 6 > i
+        ("compare(%c, %n), direction=LT", "2", "add(%i, %one)", 4),  # from 2
+        ("compare(%c, %n), direction=LE", "0", "add(%one, %i)", 7),  # i <= 6, the constant first in the add
+        ("compare(%c, %n), direction=LT", "1", "add(%i, %two)", 3),  # 1, 3, 5
+        ("compare(%c, %n), direction=GE", "10", "subtract(%i, %two)", 3),  # 10, 8, 6: counting down
+        ("compare(%c, %n), direction=NE", "0", "add(%i, %two)", 3),
+        ("compare(%c, %n), direction=LT", "9", "add(%i, %one)", 0),  # never entered
+    ],
+)
+def test_trip_count_read_from_the_condition(cond, start, update, trips):
+    """A loop without known_trip_count is counted from its condition, its counter's start and its step: the
+    all-reduce in its body runs once per trip, moving 2·(n−1)/n of its 4 KiB each time."""
+    from ssmlm.train.aot import collectives
+
+    comm, unknown = collectives(loop_hlo(cond, start, update), 4)
+    assert unknown == [] and comm["all-reduce"]["ops"] == 1 and comm["all-reduce"]["runs"] == trips
+    assert comm["all-reduce"]["bytes"] == trips * 2 * 4096 * 3 // 4
+
+
+@pytest.mark.parametrize(
+    "cond, update",
+    [
+        ("compare(%c, %c), direction=LT", "add(%i, %one)"),  # no constant bound
+        ("compare(%f, %f), direction=LT", "add(%i, %one)"),
+        ("and(%c, %n)", "add(%i, %one)"),  # not a comparison
+        ("compare(%c, %n), direction=LT", "multiply(%i, %two)"),  # the counter does not step by a constant
+        ("compare(%c, %n), direction=LT", "subtract(%i, %one)"),  # counts away from its bound: never ends
+    ],
+)
+def test_unrecognised_loop_is_counted_once_and_named(cond, update):
+    """A loop of another form is counted once, never silently: the report names it."""
+    from ssmlm.evaluate.printouts import target_rows
+    from ssmlm.train.aot import collectives
+
+    comm, unknown = collectives(loop_hlo(cond, update=update), 4)
+    assert comm["all-reduce"]["runs"] == 1 and unknown == ["jit(f)/while"]
+    # and the compiler's own count, where it wrote one, wins
+    known = ', backend_config={"known_trip_count":{"n":"5"}}'
+    assert collectives(loop_hlo(cond, update=update, known=known), 4) == (
+        {**comm, "all-reduce": {"ops": 1, "runs": 5, "bytes": 5 * comm["all-reduce"]["bytes"]}},
+        [],
+    )
+    rep = {**SMALL_REPORT, "collectives": comm, "loops_of_unknown_count": unknown}
+    text = dict(target_rows(rep))["collectives per chip"]
+    assert "jit(f)/while" in text and "at least" in text, text
+
+
+def psum_loops(target_text: str, outer: int, inner: int):
+    """A hand-written program: ``outer`` trips of (``inner`` trips of a psum, then one more psum), compiled for
+    the target: its all-reduces run outer·(inner + 1) times."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from ssmlm.targets import devices, parse_target
+
+    devs = devices(parse_target(target_text))
+    mesh = Mesh(devs, ("d",))
+
+    def f(x):
+        def step_in(_, c):
+            return c + jax.lax.psum(c * 2.0, "d")
+
+        def step_out(_, c):
+            c = jax.lax.fori_loop(0, inner, step_in, c)
+            return c * jax.lax.psum(c, "d")
+
+        return jax.lax.fori_loop(0, outer, step_out, x)
+
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    x = jax.ShapeDtypeStruct((len(devs), 256), jnp.float32, sharding=NamedSharding(mesh, P("d")))
+    return g.lower(x).compile().as_text(), len(devs)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("outer, inner", [(3, 4), (5, 7)])
+def test_tpu_nested_loops_multiply(outer, inner):
+    """libtpu writes no known_trip_count: the counts come from the loops' conditions, and nested loops multiply."""
+    from ssmlm.train.aot import collectives
+
+    hlo, n = psum_loops("v5e:2x2", outer, inner)
+    assert "known_trip_count" not in hlo  # what makes reading the condition necessary
+    comm, unknown = collectives(hlo, n)
+    assert unknown == [] and comm["all-reduce"]["ops"] == 2
+    assert comm["all-reduce"]["runs"] == outer * (inner + 1)
+    one_op = 2 * 256 * 4 * (n - 1) // n  # each chip's row of 256 float32, all-reduced over n chips
+    assert comm["all-reduce"]["bytes"] == outer * (inner + 1) * one_op
+
+
+@needs_cuda
+def test_gpu_loops_keep_the_compilers_count():
+    """The GPU compiler writes known_trip_count: that is what is used, and the condition read agrees with it."""
+    from ssmlm.train import aot
+
+    hlo, n = psum_loops("h100-80gb:2", 3, 4)
+    loops = aot.while_loops(hlo)
+    assert sorted(w["known_trip_count"] for w in loops) == [3, 4]
+    assert all(w["read"] == w["known_trip_count"] for w in loops), loops
+    comm, unknown = aot.collectives(hlo, n)
+    assert unknown == [] and comm["all-reduce"]["runs"] == 3 * 5
+
+
+@needs_libtpu
+def test_tpu_accumulation_all_reduces_every_micro_batch():
+    """Data parallel on 4 chips: the step all-reduces the gradients once per micro-batch, inside the accumulation
+    loop, so 4 micro-batches move 4 times the bytes of one, and at least 2·(n−1)/n of the float32 parameters
+    each time."""
+    one, work = report_of(tiny(["mesh.data=4", "train.batch_size=16"]), "v5e:2x2")
+    four, _ = report_of(tiny(["mesh.data=4", "train.batch_size=16", "train.grad_accum=4"]), "v5e:2x2")
+    a1, a4 = one["collectives"]["all-reduce"], four["collectives"]["all-reduce"]
+    assert one["loops_of_unknown_count"] == four["loops_of_unknown_count"] == []
+    assert a4["ops"] == a1["ops"] and a4["runs"] == 4 * a1["runs"] and a4["bytes"] == 4 * a1["bytes"], (a1, a4)
+    assert a1["bytes"] >= 2 * 3 / 4 * param_bytes(work)
+    bound = lambda r: r["roofline"]["bounds_seconds"]["interconnect"]  # noqa: E731
+    assert bound(four) == pytest.approx(4 * bound(one))
+
+
+def step_hlo(recipe, target_text):
+    """The compiled text of ``recipe``'s training step for the target, its device count and its work."""
+    from ssmlm.targets import devices, parse_target
+    from ssmlm.train import aot
+
+    target = parse_target(target_text)
+    work = aot.pretraining_work(recipe, recipe.data.vocab_size)
+    spec = aot.step_spec(recipe, work, devices(target), target.hosts, target.accelerator.platform)
+    compiled, oom, _ = aot.compile_step(spec)
+    assert oom is None
+    return compiled.as_text(), target.num_devices, work
+
+
+@needs_libtpu
+def test_tpu_layer_scan_runs_its_collectives_once_per_layer():
+    """Parameters sharded over 4 chips, the blocks under one scan: the loops' trip counts read from the program
+    are the scan's length (the stacked parameters' leading axis), and every kind of collective the step has runs
+    more often and moves more bytes at depth 8 than at 4 (each layer's parameters are gathered and their gradients
+    scattered once per layer), and so the interconnect bound grows."""
+    import jax
+    from flax import nnx
+
+    from ssmlm.targets import parse_target
+    from ssmlm.train import aot
+
+    fsdp = ["mesh.data=1", "mesh.fsdp=4", "model.scan_layers=true"]
+    comm, bound = {}, {}
+    for depth in (4, 8):
+        hlo, n, work = step_hlo(tiny([*fsdp, f"model.num_layers={depth}"]), "v5e:2x2")
+        stacked = {v.shape[0] for v in jax.tree.leaves(nnx.state(work.model, nnx.Param)["blocks"])}
+        loops = aot.while_loops(hlo)
+        assert all(w["known_trip_count"] is None for w in loops)  # libtpu's: what the counts are read for
+        trips = [w["read"] for w in loops]
+        assert len(stacked) == 1 and trips == [*stacked] * 2, (trips, stacked)  # the forward and backward scans
+        comm[depth], unknown = aot.collectives(hlo, n)
+        assert unknown == []
+        bound[depth] = aot.roofline(
+            parse_target("v5e:2x2"), 1.0, False, {}, sum(c["bytes"] for c in comm[depth].values()), 1
+        )
+    kinds = [k for k, c in comm[4].items() if c["ops"]]
+    assert "all-gather" in kinds and "reduce-scatter" in kinds
+    for k in kinds:
+        assert comm[8][k]["runs"] > comm[4][k]["runs"] and comm[8][k]["bytes"] > comm[4][k]["bytes"], k
+    assert bound[8]["bounds_seconds"]["interconnect"] > bound[4]["bounds_seconds"]["interconnect"]

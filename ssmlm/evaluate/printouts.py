@@ -167,7 +167,13 @@ def target_rows(r: dict) -> list[tuple[str, str]]:
             for k, c in r["collectives"].items()
             if c["ops"]
         ]
-        rows.append((f"collectives per {per}", "; ".join(parts) or "none"))
+        text = "; ".join(parts) or "none"
+        if unknown := r.get("loops_of_unknown_count"):  # their collectives were counted once per step
+            text += (
+                f"; at least: {len(unknown)} loop(s) whose trip count could not be read from the program counted "
+                f"once ({', '.join(unknown[:3])}{', …' if len(unknown) > 3 else ''})"
+            )
+        rows.append((f"collectives per {per}", text))
     est = r["roofline"]
     rows.append(
         (

@@ -9,7 +9,9 @@ target's abstract ones (ssmlm.targets). XLA's compiler for that platform then gi
   generated code, against the chip's HBM. An out-of-memory compile is a result (the TPU compiler refuses a
   program that cannot fit and says how much it needed), not an error;
 - the collectives in the compiled program, each counted as often as it runs: an op inside a loop (the layer scan,
-  gradient accumulation) runs once per trip, read from the loop's known trip count;
+  gradient accumulation) runs once per trip, read from the loop's known trip count where the compiler wrote one
+  (the GPU compiler), else from the loop's condition, start and step (libtpu's programs); a loop of another form
+  is counted once and named in the report;
 - a roofline estimate: the step cannot be faster than its FLOPs at peak, its unavoidable HBM traffic at full
   bandwidth, or its collective bytes at full interconnect bandwidth; so tokens/s and MFU have upper bounds.
   FLOPs are ssmlm's analytic count (ssmlm.models.flops): XLA's cost analysis counts a loop's body once.
@@ -171,23 +173,188 @@ def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
     return comps, entry
 
 
-def _runs(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
-    """How many times each computation runs per step: a while body its trip count times its caller's."""
-    runs: dict[str, int] = defaultdict(int)
-    runs[entry] = 1
-    todo = [entry]
-    while todo:
-        caller = todo.pop()
-        for line in comps.get(caller, []):
-            trip = int(m.group(1)) if (m := _TRIP.search(line)) and " while(" in line else 1
-            callees = _CALLEE.findall(line)
-            if b := _BRANCHES.search(line):
-                callees += [c.strip().lstrip("%") for c in b.group(1).split(",")]
-            for callee in callees:
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([\w\-]+)\(([^)]*)\)(.*)$")
+_INDEX = re.compile(r"\bindex=(\d+)")
+_DIRECTION = re.compile(r"\bdirection=(\w+)")
+_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_FUSED = re.compile(r"\bcalls=%?([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_PASS_THROUGH = ("copy", "bitcast", "convert")  # value-preserving for a scalar counter
+_FLIPPED = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instr:
+    op: str
+    operands: tuple[str, ...]
+    inside: str  # the text inside the parentheses: a constant's value, a parameter's number
+    attrs: str  # the text after them (index=, direction=, calls=, backend_config=...)
+
+
+class _Program:
+    """A compiled program's computations, their instructions parsed on demand, and the values of the scalars a
+    loop is counted by: ("const", n), ("counter", i) (element i of the loop's tuple), (op, direction, operands)
+    for compare/add/subtract, None for anything else. Fusions are looked into (the GPU compiler fuses a loop's
+    compare and its counter's add), copies and bitcasts looked through."""
+
+    def __init__(self, comps: dict[str, list[str]]):
+        self.comps = comps
+        self._parsed: dict[str, tuple[dict[str, _Instr], str | None]] = {}
+
+    def instructions(self, comp: str) -> tuple[dict[str, _Instr], str | None]:
+        """``comp``'s instructions by name, and its root's name."""
+        if comp not in self._parsed:
+            self._parsed[comp] = self._parse(comp)
+        return self._parsed[comp]
+
+    def _parse(self, comp: str) -> tuple[dict[str, _Instr], str | None]:
+        out, root = {}, None
+        for line in self.comps.get(comp, []):
+            if m := _INSTR.match(line):
+                name, op, inside, rest = m.groups()
+                out[name] = _Instr(op, tuple(re.findall(r"%([\w.\-]+)", inside)), inside, rest)
+                if line.lstrip().startswith("ROOT"):
+                    root = name
+        return out, root
+
+    def value(self, comp: str, name: str, args: tuple | None = None, depth: int = 0):
+        """The value of ``name`` in ``comp``; ``args``: a fusion's operands' values, for its parameters."""
+        ins = self.instructions(comp)[0].get(name)
+        if ins is None or depth > 64:
+            return None
+        at = lambda o: self.value(comp, o, args, depth + 1)  # noqa: E731
+        if ins.op in _PASS_THROUGH and len(ins.operands) == 1:
+            return at(ins.operands[0])
+        if ins.op == "constant":
+            try:
+                return ("const", int(ins.inside.strip()))
+            except ValueError:  # a float, an array, true/false: no loop's bound
+                return None
+        if ins.op == "parameter":  # the loop's own tuple, or a fusion's operand
+            k = int(ins.inside.strip())
+            return ("tuple",) if args is None else args[k] if k < len(args) else None
+        if ins.op == "get-tuple-element" and (m := _INDEX.search(ins.attrs)) and len(ins.operands) == 1:
+            return ("counter", int(m.group(1))) if at(ins.operands[0]) == ("tuple",) else None
+        if ins.op == "fusion" and (m := _FUSED.search(ins.attrs)):
+            root = self.instructions(m.group(1))[1]
+            inner = tuple(at(o) for o in ins.operands)
+            return self.value(m.group(1), root, inner, depth + 1) if root else None
+        if ins.op in ("compare", "add", "subtract") and len(ins.operands) == 2:
+            d = _DIRECTION.search(ins.attrs)
+            return (ins.op, d.group(1) if d else "", tuple(at(o) for o in ins.operands))
+        return None
+
+    def trip_count(self, caller: str, while_line: str) -> int | None:
+        """How many times a while loop runs, read as XLA's own loop analysis reads it, for the compilers that write
+        no known_trip_count (libtpu): the condition compares a counter (element i of the loop's tuple) with a
+        constant, the tuple the loop starts from holds a constant there and the body adds a constant to it. None
+        when the loop is not of that form."""
+        cond, body, w = _CONDITION.search(while_line), _BODY.search(while_line), _INSTR.match(while_line)
+        if not (cond and body and w and len(w.group(3).split(",")) == 1):
+            return None
+        cond_root = self.instructions(cond.group(1))[1]
+        test = self.value(cond.group(1), cond_root) if cond_root else None
+        if not (test and test[0] == "compare"):
+            return None
+        direction, (a, b) = test[1], test[2]
+        if b and b[0] == "counter" and a and a[0] == "const":  # N > i: i < N
+            direction, a, b = _FLIPPED.get(direction, direction), b, a
+        if not (a and a[0] == "counter" and b and b[0] == "const"):
+            return None
+        index, bound = a[1], b[1]
+        # the counter's start: element ``index`` of the tuple the loop is given
+        caller_ins = self.instructions(caller)[0]
+        init = caller_ins.get(w.group(3).strip().lstrip("%"))
+        while init is not None and init.op in _PASS_THROUGH and len(init.operands) == 1:
+            init = caller_ins.get(init.operands[0])
+        if init is None or init.op != "tuple" or index >= len(init.operands):
+            return None
+        start = self.value(caller, init.operands[index])
+        # its step: the body's result holds counter + constant (or counter - constant) at ``index``
+        body_ins, body_root = self.instructions(body.group(1))
+        out = body_ins.get(body_root) if body_root else None
+        if not (start and start[0] == "const" and out and out.op == "tuple" and index < len(out.operands)):
+            return None
+        upd = self.value(body.group(1), out.operands[index])
+        if not (upd and upd[0] in ("add", "subtract")):
+            return None
+        x, y = upd[2]
+        if upd[0] == "add" and y == ("counter", index) and x and x[0] == "const":
+            x, y = y, x
+        if x != ("counter", index) or not (y and y[0] == "const"):
+            return None
+        return _trips(start[1], bound, y[1] if upd[0] == "add" else -y[1], direction)
+
+
+def _trips(start: int, bound: int, step: int, direction: str) -> int | None:
+    """Iterations of ``for (i = start; i DIRECTION bound; i += step)``; None for a loop that never ends."""
+    if direction in ("LT", "LE") and step > 0:
+        last = bound - 1 if direction == "LT" else bound
+        return max(0, (last - start) // step + 1)
+    if direction in ("GT", "GE") and step < 0:
+        last = bound + 1 if direction == "GT" else bound
+        return max(0, (start - last) // -step + 1)
+    if direction == "NE" and step and (bound - start) % step == 0 and (bound - start) // step >= 0:
+        return (bound - start) // step
+    return None
+
+
+def while_loops(hlo: str) -> list[dict]:
+    """Each while loop of a compiled program: its op name, the compiler's known_trip_count (None where it wrote
+    none) and the count read from the loop itself (None where it is not of the form read)."""
+    comps, _ = _computations(hlo)
+    program = _Program(comps)
+    out = []
+    for caller, lines in comps.items():
+        for line in lines:
+            if " while(" in line:
+                known, name = _TRIP.search(line), _OP_NAME.search(line)
+                out.append({
+                    "op_name": name.group(1) if name else line.split("=")[0].strip(),
+                    "known_trip_count": int(known.group(1)) if known else None,
+                    "read": program.trip_count(caller, line),
+                })  # fmt: skip
+    return out
+
+
+def _callees(line: str) -> list[str]:
+    """The computations an instruction calls (a while's body, a fusion's, a conditional's branches; not a while's
+    condition: it holds no collective)."""
+    out = _CALLEE.findall(line)
+    if b := _BRANCHES.search(line):
+        out += [c.strip().lstrip("%") for c in b.group(1).split(",")]
+    return out
+
+
+def _runs(comps: dict[str, list[str]], entry: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """How many times each computation runs per step (a while body its trip count times its caller's; nested loops
+    multiply), and the loops whose trip count could not be read ((body, the loop's op name)): counted once. A
+    loop's count is the compiler's known_trip_count where it wrote one (the GPU compiler does), else read from the
+    loop itself (_Program.trip_count)."""
+    program = _Program(comps)
+    callers: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    unknown = []
+    for caller, lines in comps.items():
+        for line in lines:
+            trip = 1
+            if " while(" in line:
+                if m := _TRIP.search(line):
+                    trip = int(m.group(1))
+                elif (found := program.trip_count(caller, line)) is not None:
+                    trip = found
+                elif body := _BODY.search(line):
+                    name = _OP_NAME.search(line)
+                    unknown.append((body.group(1), name.group(1) if name else line.split("=")[0].strip()))
+            for callee in _callees(line):
                 if callee in comps:
-                    runs[callee] += runs[caller] * trip
-                    todo.append(callee)
-    return runs
+                    callers[callee].append((caller, trip))
+
+    @functools.cache
+    def runs(name: str) -> int:  # a sum over every call site: a computation called from two places runs twice
+        return 1 if name == entry else sum(runs(c) * trip for c, trip in callers[name])
+
+    return {name: runs(name) for name in comps}, unknown
 
 
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
@@ -205,19 +372,23 @@ def _group_size(line: str, chips: int) -> int:
     return chips
 
 
-def collectives(hlo: str, chips: int) -> dict[str, dict]:
+def collectives(hlo: str, chips: int) -> tuple[dict[str, dict], list[str]]:
     """{kind: {ops, runs, bytes}} per chip: ``ops`` in the program text, ``runs`` per step (loops unrolled by
     their trip counts), ``bytes`` each chip sends per step (ring algorithms: an all-gather or reduce-scatter of
     S bytes over n chips moves S·(n−1)/n, an all-reduce twice that, a permute S). The TPU compiler writes a
-    reduce-scatter as an all-reduce inside a fusion named all-reduce-scatter: counted as the reduce-scatter it is."""
+    reduce-scatter as an all-reduce inside a fusion named all-reduce-scatter: counted as the reduce-scatter it is.
+    Second: the loops holding collectives whose trip count could not be read (their op names): each counted once,
+    so the counts are then lower bounds."""
     comps, entry = _computations(hlo)
-    runs = _runs(comps, entry)
+    runs, unknown = _runs(comps, entry)
     out = {k: {"ops": 0, "runs": 0, "bytes": 0} for k in COLLECTIVES}
+    with_ops = set()
     for name, lines in comps.items():
         for line in lines:
             m = _OP.search(line)
             if not m or "-done(" in line:
                 continue
+            with_ops.add(name)
             kind, n = m.group(2), _group_size(line, chips)
             if kind == "all-reduce" and name.startswith("all-reduce-scatter"):
                 kind = "reduce-scatter"  # the TPU compiler's reduce-scatter: an all-reduce fused with its slice
@@ -237,7 +408,21 @@ def collectives(hlo: str, chips: int) -> dict[str, dict]:
             out[kind]["ops"] += 1
             out[kind]["runs"] += times
             out[kind]["bytes"] += int(moved * times)
-    return out
+    return out, [label for body, label in unknown if runs.get(body) and _reaches(comps, body, with_ops)]
+
+
+def _reaches(comps: dict[str, list[str]], start: str, targets: set[str]) -> bool:
+    """Whether ``start`` or a computation it calls (at any depth) is one of ``targets``."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in targets:
+            return True
+        if name not in seen:
+            seen.add(name)
+            for line in comps.get(name, []):
+                todo += _callees(line)
+    return False
 
 
 def _prod(dims: str) -> int:
@@ -293,7 +478,7 @@ def check_on_target(recipe: Recipe, target: Target, work: Work) -> dict:
     compiled, oom, seconds = compile_step(spec, f"{recipe.name}'s training step for {target.name}")
     acc = target.accelerator
     memory = memory_of(compiled, oom, int(acc.hbm_bytes * per_device(target)))
-    comm = collectives(compiled.as_text(), target.num_devices) if compiled is not None else {}
+    comm, unknown = collectives(compiled.as_text(), target.num_devices) if compiled is not None else ({}, [])
     t = recipe.train
     tokens = t.batch_size * work.seq_len
     model_flops = flops_per_token(work.model, work.cfg, work.seq_len, work.predictions) * tokens
@@ -319,6 +504,7 @@ def check_on_target(recipe: Recipe, target: Target, work: Work) -> dict:
         "memory": memory,
         "model_flops_per_step": model_flops,
         "collectives": comm,
+        "loops_of_unknown_count": unknown,
         "roofline": roofline(target, model_flops, bool(work.cfg.remat), memory, comm_bytes, tokens),
         "paths": spec.traced(lambda: compiled_paths(work.cfg)),
     }
