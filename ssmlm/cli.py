@@ -94,7 +94,9 @@ TargetOpt = Annotated[
         "--target",
         help="With --dry-run: compile the training step for a TPU slice or GPU node from this machine (e.g. "
         "v5e:4x4, v5p-8, h100-80gb:8, a100-80gb:4x5; paper: the hardware the recipe's paper used) and report "
-        "memory per chip, fit, collectives and a roofline estimate. Needs pip install 'ssmlm[tpu]' / 'ssmlm[gpu-aot]'.",
+        "memory per chip, fit, collectives and a roofline estimate. Needs pip install 'ssmlm\\[tpu]' / "
+        "'ssmlm\\[gpu-aot]'.",
+        # \\[ : rich (typer's help renderer) would read [tpu] as a style tag and drop it
     ),
 ]
 FitOpt = Annotated[
