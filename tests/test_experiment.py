@@ -617,6 +617,14 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
     assert "warning" not in r.output  # these rows are full
 
 
+def test_empty_arms_are_named_before_the_reference_they_leave_out(tmp_path):
+    """`arms: {}` is the mistake, not the `reference` a file of no arms cannot name."""
+    body = {"seeds": [0], "stages": ["pretrain"], "metric": "pretrain:mlm_loss", "arms": {}}
+    (tmp_path / "none.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ExperimentError, match=r"none.yaml: arms: expected a non-empty mapping, got \{\}"):
+        load_experiment(tmp_path / "none.yaml")
+
+
 def test_each_runs_warnings_are_shown_once_and_kept_in_results_md(setup):
     """Documents of one short sentence fill a third of each 32-token row: `ssmlm pretrain` says so, and the
     experiment (without --verbose) shows it once, under the run's line, and in results.md, from summary.json."""
