@@ -240,7 +240,7 @@ CASES = [
     ("evaluate_missing_ckpt_option", lambda c: ["evaluate"], lambda c: ["--ckpt"]),
     ("evaluate_not_a_run", lambda c: ["evaluate", "--ckpt", c.corpus], lambda c: [c.corpus, "not an ssmlm run"]),
     ("evaluate_damaged_run_json", lambda c: ["evaluate", "--ckpt", damaged_run(c, "run.json")],
-     lambda c: [c.tmp / "damaged", "damaged run directory"]),
+     lambda c: [c.tmp / "damaged" / "run.json", "damaged run directory"]),
     ("evaluate_recipe_edited_in_run", lambda c: ["evaluate", "--ckpt", edited_run(c)],
      lambda c: [c.tmp / "edited", "no usable checkpoint", "steps 4, 2", "does not fit the model"]),
     ("analyze_window_0", lambda c: ["analyze", "kernels", "--ckpt", c.run, "--window", "0"],
@@ -451,6 +451,43 @@ def test_finetune_from_a_damaged_run_uses_the_previous_checkpoint(trained, tmp_p
     )
     assert "warning: checkpoint 4" in r.output and "using step 2" in r.output
     assert json.loads((tmp_path / "runs" / "ft" / "summary.json").read_text())["final_step"] == 4
+
+
+def cut_in_half(run: Path) -> None:
+    text = (run / "run.json").read_text()
+    (run / "run.json").write_text(text[: len(text) // 2])
+
+
+def without_kind(run: Path) -> None:
+    info = json.loads((run / "run.json").read_text())
+    del info["kind"]
+    (run / "run.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("damage", [cut_in_half, without_kind], ids=["truncated", "missing-key"])
+def test_a_damaged_run_json_is_one_line_for_every_command_that_reads_it(trained, tmp_path, damage):
+    """run.json cut short or missing a key: evaluate, analyze and finetune --ckpt each name the file and exit 2
+    (not a KeyError or JSONDecodeError traceback), and leave the run as it was; pretrain rewrites it."""
+    run = trained.run.parent / f"json-{damage.__name__}"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(trained.run, run)
+    damage(run)
+    before = snapshot(run)
+    train = write_task(tmp_path / "train.csv", 16, 1)
+    commands = [
+        ["evaluate", "--ckpt", run],
+        ["analyze", "kernels", "--ckpt", run, "--out", tmp_path / "analysis"],
+        ["analyze", "report", "--ckpt", run, "--out", tmp_path / "report"],
+        ["finetune", "--ckpt", run, "--train-file", train, "--validation-file", train, "--text-fields", "sentence",
+         "--label-field", "label", "--set", f"train.out_dir={tmp_path / 'runs'}", "-q"],
+    ]  # fmt: skip
+    for args in commands:
+        r = invoke(*args, code=2)
+        assert_user_error(r, run / "run.json")
+    assert snapshot(run) == before
+    # Re-running pretrain writes run.json afresh from the recipe and the data (nothing in it is the run's own).
+    invoke("pretrain", trained.recipe, "--name", run.name, "-q")
+    assert json.loads((run / "run.json").read_text()) == json.loads((trained.run / "run.json").read_text())
 
 
 # ----------------------------------------------------------------------------- real processes: stderr and speed
