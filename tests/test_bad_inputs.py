@@ -415,6 +415,23 @@ def test_evaluate_and_analyze_fall_back_without_touching_the_broken_one(trained,
     assert snapshot(run / "checkpoints" / "4") == broken  # read-only commands leave it where it is
 
 
+def test_the_fallback_warning_says_why_in_words(trained):
+    """Array chunks cut short (the metadata intact): Orbax's error formats TensorStore's `spec` method, not its
+    text; the warning gives TensorStore's own reason instead of "<bound method pybind11_...>"."""
+
+    def truncate_chunks(step_dir: Path) -> None:
+        for p in (step_dir / "params" / "ocdbt.process_0" / "d").iterdir():
+            with p.open("r+b") as f:
+                f.truncate(p.stat().st_size // 2)
+
+    run = broken_copy(trained, "eval-chunks", truncate_chunks)
+    r = invoke("evaluate", "--ckpt", run)
+    warning = [ln for ln in r.output.splitlines() if ln.startswith("warning:")]
+    assert len(warning) == 1 and "using step 2" in warning[0], r.output
+    assert "<" not in warning[0] and "TensorStore details" not in warning[0], warning
+    assert "Error reading" in warning[0], warning  # TensorStore's words: which array, which file
+
+
 def test_no_usable_checkpoint_is_one_line(trained):
     run = broken_copy(trained, "all-broken", truncate_files)
     truncate_files(run / "checkpoints" / "2")

@@ -19,7 +19,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from ssmlm.errors import Interrupted, UserError
+from ssmlm.errors import Interrupted, UserError, reason
 from ssmlm.experiment.eta import Eta, fmt_time, steps
 from ssmlm.experiment.execute import timed
 from ssmlm.experiment.plan import Job, Plan, build_plan, later_jobs
@@ -37,9 +37,7 @@ class Outcome:
 
 
 def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    msg = text[0] if text else ""
-    return msg if isinstance(e, UserError) else f"{type(e).__name__}: {msg}".rstrip(": ")
+    return reason(e, limit=1000)  # (whole first line: a run's failure is the one thing its line says)
 
 
 class Runner:

@@ -27,7 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from ssmlm.errors import CheckpointError
+from ssmlm.errors import CheckpointError, reason
 from ssmlm.models.layout import to_layout
 
 
@@ -73,13 +73,6 @@ def _quiet_unfinished_saves() -> None:
         absl.addFilter(_UnfinishedSaves())
 
 
-def _reason(e: BaseException) -> str:
-    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:160]
-    if isinstance(e, CheckpointError):  # our own words need no type name
-        return line
-    return f"{type(e).__name__}: {line}" if line else type(e).__name__
-
-
 def _key(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
@@ -105,7 +98,7 @@ def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], obj
             with _quiet_orbax():
                 result = restore(step)
         except Exception as e:  # Orbax, tensorstore and json raise many types for a damaged checkpoint
-            failed.append((step, _reason(e)))
+            failed.append((step, reason(e)))
             continue
         for bad, why in failed:
             moved = on_broken(bad) if on_broken else None
