@@ -629,7 +629,8 @@ def finetune(
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
         summary = _train("finetune", rs, run_dir, quiet=quiet, stop_after=stop_after, init=init)
-        print_summary(summary, run_dir)
+        arch = f" (the architecture of {ckpt})" if ckpt else f" (the architecture of recipe {r.name})"
+        print_summary(summary, run_dir, start=f"random initialisation{arch}" if init == "random" else None)
         if not lm:
             print_best_validation(summary)
         results.append(summary)

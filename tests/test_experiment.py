@@ -299,7 +299,8 @@ def test_finetune_init_random_records_it_and_starts_from_a_fresh_model(setup):
     freeze = 'train.param_rules=[{pattern: ".*", lr_multiplier: 0}]'
     args = ["finetune", "--init", "random", "--recipe", setup["recipe"], "--name", "rand", "-q"]
     sets = [x for s in [*setup["finetune_set"], "train.seed=7", freeze] for x in ("--set", s)]
-    invoke(*args, *sets)
+    closing = " ".join(invoke(*args, *sets).output.split())  # (the summary's title may wrap)
+    assert "finetune → " in closing and "from random initialisation (the architecture of recipe" in closing
     run = open_run(setup["tmp"] / "runs" / "rand")
     assert run.info["init"] == "random" and run.info["source"] is None and run.recipe.train.seed == 7
     saved, _ = run.load_model()

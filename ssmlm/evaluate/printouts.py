@@ -33,13 +33,14 @@ def print_plan(p: dict) -> None:
     Console().print(t)
 
 
-def print_summary(summary: dict, run_dir: Path) -> None:
-    """A finished training run's summary.json: its steps, final training and validation metrics, its time."""
+def print_summary(summary: dict, run_dir: Path, start: str | None = None) -> None:
+    """A finished training run's summary.json: its steps, final training and validation metrics, its time;
+    ``start``: where its weights came from, when the title should say (a random initialisation)."""
     from rich.console import Console
 
     from ssmlm.evaluate.terminal import metric_text, titled
 
-    t = titled(f"{summary.get('kind', '')} → {run_dir}", show_header=False)
+    t = titled(f"{summary.get('kind', '')} → {run_dir}" + (f", from {start}" if start else ""), show_header=False)
     t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
     for k, v in (summary.get("train") or {}).items():
         t.add_row(f"train {k}", metric_text(k, v))

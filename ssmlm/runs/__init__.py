@@ -48,6 +48,17 @@ class Run:
     def kind(self) -> str:
         return self.info["kind"]
 
+    @property
+    def random_init(self) -> bool:
+        """Finetuned from random weights (`finetune --init random`): its ``source`` gave the architecture only."""
+        return self.info.get("init") == "random"
+
+    @property
+    def weights_from(self) -> str | None:
+        """The run whose weights this one started from, as run.json names it; None for a pretraining run and
+        for a random initialisation (whose ``source`` is only the architecture's)."""
+        return None if self.random_init else self.info.get("source")
+
     def tokenizer(self):
         from tokenizers import Tokenizer
 
@@ -65,6 +76,11 @@ class Run:
         graphdef, abs_params = nnx.split(abstract, nnx.Param)
         params, meta = load_params(self.dir, abs_params, step)
         return nnx.merge(graphdef, params), meta
+
+
+def random_init_text(source: str | Path | None) -> str:
+    """How a report names a `--init random` run's start: no weights, only an architecture (the source run's)."""
+    return f"random initialisation (the architecture of {Path(source).name})" if source else "random initialisation"
 
 
 def open_run(path: str | Path) -> Run:
