@@ -633,6 +633,10 @@ def finetune(
         print_summary(summary, run_dir, start=f"random initialisation{arch}" if init == "random" else None)
         if not lm:
             print_best_validation(summary)
+        if rs.task.test_file:  # training scores the validation split only; say so where a test file was given
+            typer.echo(
+                f"the table is the validation split; score the test split: ssmlm evaluate --ckpt {run_dir} --split test"
+            )
         results.append(summary)
     if seeds:
         from ssmlm.experiment.stats import over_seeds
@@ -747,6 +751,7 @@ def results(
     if not files:
         raise UserError("no result files found: run `ssmlm evaluate --ckpt RUN` first (it writes RUN/eval/*.json)")
     df = results_table(files, LONG_TASKS if long else GLUE_TABLE1, split=split)
+    typer.echo(f"{split} split")  # (the scores of that split only: --split picks another)
     typer.echo(to_markdown(df))
     if out:
         typer.echo(f"wrote {save_table(df, out)}")

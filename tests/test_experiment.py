@@ -301,6 +301,8 @@ def test_finetune_init_random_records_it_and_starts_from_a_fresh_model(setup):
     sets = [x for s in [*setup["finetune_set"], "train.seed=7", freeze] for x in ("--set", s)]
     closing = " ".join(invoke(*args, *sets).output.split())  # (the summary's title may wrap)
     assert "finetune → " in closing and "from random initialisation (the architecture of recipe" in closing
+    # task.test_file was given: the closing table says whose split it shows, and how to score the test split
+    assert "the table is the validation split; score the test split: ssmlm evaluate --ckpt" in closing
     run = open_run(setup["tmp"] / "runs" / "rand")
     assert run.info["init"] == "random" and run.info["source"] is None and run.recipe.train.seed == 7
     saved, _ = run.load_model()
