@@ -258,8 +258,20 @@ def _dry_run_finetune(r, ckpt: str, num_labels: int, target, fit: bool, as_json:
     with _starting("finetune --dry-run", quiet):
         from ssmlm.train.plan import plan_finetune
 
-        the_plan = plan_finetune(r, ckpt, num_labels)
+        the_plan = plan_finetune(r, ckpt, num_labels, _train_rows(r, ckpt) if r.train.epochs else None)
     print_plan(the_plan)
+
+
+def _train_rows(r, ckpt: str) -> int | None:
+    """A local or built-in encoder task's training rows (read as finetuning will; the files were just checked),
+    None for a hub task's or a language model's (their size is known only once downloaded or built)."""
+    from ssmlm.data.tasks import BUILTIN, TASKS, load_task
+
+    local = r.task.train_file and r.task.name not in TASKS
+    if is_lm(run_arch(ckpt)) or not (local or r.task.name in BUILTIN):
+        return None
+    train = load_task(r.task, r.train.seed).splits.get("train") or {}
+    return len(next(iter(train.values()), []))
 
 
 def _finetune_work(r, ckpt: str, num_labels: int):

@@ -199,3 +199,18 @@ def test_lm_rows_closed_early_say_so(tmp_path):
     assert fill < 0.85 and "objective.min_sample_space = 56" in note and f"{fill:.0%} samples" in note, fills
     fill, note = fills[8]
     assert fill > 0.85 and note is None, fills
+
+
+def test_finetune_dry_run_counts_the_steps_its_epochs_take(tiny_encoder, tmp_path):
+    """A finetuning recipe runs train.epochs, not train.steps: the dry run counts epochs × whole batches of the
+    task's training rows (48 less the 10% held out for validation: 43; in batches of 8 (5 per epoch), 3 epochs: 15
+    steps, as training takes them); a hub task, whose
+    size is known only once downloaded, says its steps depend on the data instead of a false number."""
+    rows = ["sentence,label"] + [f"{s},{int('cat' in s)}" for s in english_lines(48, 1)]
+    (tmp_path / "task.csv").write_text("\n".join(rows) + "\n")
+    args = ["finetune", "--ckpt", tiny_encoder, "--dry-run", "--set", "train.epochs=3", "--set", "train.batch_size=8"]
+    local = ["--train-file", tmp_path / "task.csv", "--text-fields", "sentence", "--label-field", "label"]
+    out = " ".join(invoke(*args, *local, env={"COLUMNS": "200"}).output.split())
+    assert "over 15 steps (3 epochs of 43 rows)" in out, out
+    out = " ".join(invoke(*args, "--task", "sst2", env={"COLUMNS": "200"}).output.split())
+    assert "3 epochs (steps depend on the data)" in out and "1,000,000" not in out, out

@@ -26,7 +26,12 @@ def print_plan(p: dict) -> None:
     )
     t.add_row("training FLOPs / token", f"{p['train_flops_per_token']:.3e}")
     t.add_row("tokens / step", f"{p['tokens_per_step']:,}")
-    t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps")
+    epochs = f"{p['epochs']:g} epochs" if p.get("epochs") else ""
+    if p["steps"] is None:  # finetuning by epochs of a task whose size only reading it tells
+        t.add_row("training FLOPs (all steps)", f"{epochs} (steps depend on the data)")
+    else:
+        rows = f" ({epochs} of {p['train_rows']:,} rows)" if p.get("train_rows") else ""
+        t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps{rows}")
     m = p["memory_bytes"]
     t.add_row("memory: params / AdamW / grads", f"{gib(m['params'])} / {gib(m['optimizer'])} / {gib(m['gradients'])}")
     t.add_row("memory: total (before activations)", gib(m["total"]))
