@@ -926,9 +926,11 @@ def experiment(
     out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
     if dry_run:
         from ssmlm.experiment.plan import dry_run_lines
+        from ssmlm.experiment.runner import dry_run_time
 
         for line in dry_run_lines(exp, out_dir):
             typer.echo(line)
+        typer.echo(dry_run_time(exp, out_dir, jobs))
         return
     checks.output_dir(out_dir, "--out" if out else "experiment directory")
     from ssmlm.experiment.report import markdown, write

@@ -16,6 +16,7 @@ from conftest import english_lines, invoke, tiny_recipe
 from scipy import stats
 
 from ssmlm.experiment import stats as xstats
+from ssmlm.experiment.eta import fmt_time
 from ssmlm.experiment.spec import ExperimentError, load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -608,7 +609,14 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
         load_experiment(setup["tmp"] / "two.yaml")
     path = write_one_arm(setup, "one", setup["recipe"], [0, 1])
     out = setup["tmp"] / "out"
-    assert "reference none (one arm: no comparisons)" in run_experiment(path, out, "--dry-run").output
+    plan = run_experiment(path, out, "--dry-run").output
+    assert "reference none (one arm: no comparisons)" in plan
+    assert "time: no measured cost yet for the 2 runs to go: run one seed first (--seeds 1)" in plan, plan
+    assert run_experiment(path, out, "--seeds", "1").exit_code == 0
+    # the dry run's estimate: the measured seconds per step of seed 0 × the steps of seed 1 (as long), one at a time
+    measured = json.loads((out / "runs" / "bigs" / "seed0" / "pretrain" / "summary.json").read_text())
+    plan = run_experiment(path, out, "--dry-run", "--jobs", "2").output
+    assert f"time: about {fmt_time(measured['seconds_total'])} for the 1 run to go at --jobs 2 (from the 1 done" in plan
     r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     assert "experiment one: 1 arm × 2 seeds, 2 runs" in r.output
@@ -618,6 +626,7 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
     assert res["reference"] is None and res["arms"]["bigs"]["difference"] is None
     assert len(res["arms"]["bigs"]["values"]) == 2 and "Δ" not in (out / "results.md").read_text()
     assert "warning" not in r.output  # these rows are full
+    assert "time: every run is done already" in run_experiment(path, out, "--dry-run").output
 
 
 def test_empty_arms_are_named_before_the_reference_they_leave_out(tmp_path):
