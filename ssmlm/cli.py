@@ -641,19 +641,25 @@ def finetune(
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
         summary = _train("finetune", rs, run_dir, quiet=quiet, stop_after=stop_after, init=init)
-        arch = f" (the architecture of {ckpt})" if ckpt else f" (the architecture of recipe {r.name})"
-        print_summary(summary, run_dir, start=f"random initialisation{arch}" if init == "random" else None)
-        if not lm:
-            print_best_validation(summary)
-        if rs.task.test_file:  # training scores the validation split only; say so where a test file was given
-            typer.echo(
-                f"the table is the validation split; score the test split: ssmlm evaluate --ckpt {run_dir} --split test"
-            )
+        _finetuned(summary, run_dir, rs, ckpt, init, lm)
         results.append(summary)
     if seeds:
         from ssmlm.experiment.stats import over_seeds
 
         write_seeds(over_seeds(results, seed_list), _run_dir(r, f"{base_name}-seeds.json"))
+
+
+def _finetuned(summary: dict, run_dir: Path, r, ckpt: str | None, init: str, lm: bool) -> None:
+    """A finetuning run's closing lines: its summary (saying so when it started from random weights), an
+    encoder's best validation, and where a test file was given, how to score it (training scores validation)."""
+    arch = f" (the architecture of {ckpt})" if ckpt else f" (the architecture of recipe {r.name})"
+    print_summary(summary, run_dir, start=f"random initialisation{arch}" if init == "random" else None)
+    if not lm:
+        print_best_validation(summary)
+    if r.task.test_file:
+        typer.echo(
+            f"the table is the validation split; score the test split: ssmlm evaluate --ckpt {run_dir} --split test"
+        )
 
 
 @app.command()
