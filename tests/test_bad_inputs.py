@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 STATUS = re.compile(r"^[a-z-]+( [a-z-]+)?: [^:]*…$")
+HELD_OUT = re.compile(r"^validation: [\d,]+ rows held out \(")
 
 
 def assert_user_error(result, *culprits):
@@ -28,8 +29,9 @@ def assert_user_error(result, *culprits):
     assert "Traceback" not in out, out
     assert result.exit_code == 2, out
     # Status lines of the work that began ("pretrain: preparing the data and the model…", printed without a
-    # terminal) may precede it; the error itself is one line.
-    lines = [ln for ln in out.splitlines() if ln.strip() and not STATUS.match(ln)]
+    # terminal) and what the data preparation reported (its validation rows) may precede it; the error itself
+    # is one line.
+    lines = [ln for ln in out.splitlines() if ln.strip() and not STATUS.match(ln) and not HELD_OUT.match(ln)]
     assert len(lines) == 1 and lines[0].startswith("error: "), out
     for c in culprits:
         assert str(c) in lines[0], (c, lines[0])

@@ -611,7 +611,7 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
     out = setup["tmp"] / "out"
     plan = run_experiment(path, out, "--dry-run").output
     assert "reference none (one arm: no comparisons)" in plan
-    assert "time: no measured cost yet for the 2 runs to go: run one seed first (--seeds 1)" in plan, plan
+    assert "time: no measured cost yet for the 2 runs to go: run --seeds 1 first, then ask again" in plan, plan
     assert run_experiment(path, out, "--seeds", "1").exit_code == 0
     # the dry run's estimate: the measured seconds per step of seed 0 × the steps of seed 1 (as long), one at a time
     measured = json.loads((out / "runs" / "bigs" / "seed0" / "pretrain" / "summary.json").read_text())

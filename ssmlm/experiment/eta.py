@@ -92,7 +92,7 @@ def dry_run_estimate(jobs: list[Job], total: Counter, workers: int) -> str:
     est, untimed = eta.estimate()
     runs = f"{left} run{'s' if left > 1 else ''} to go"
     if est is None:
-        return f"time: no measured cost yet for the {runs}: run one seed first (--seeds 1) and ask again"
+        return f"time: no measured cost yet for the {runs}: run --seeds 1 first, then ask again"
     more = f", plus the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
     at = f" at --jobs {workers}" if workers > 1 else ""
     return f"time: about {fmt_time(est)} for the {runs}{at}{more} (from the {done} done here)"
