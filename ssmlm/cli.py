@@ -94,7 +94,9 @@ TargetOpt = Annotated[
         "--target",
         help="With --dry-run: compile the training step for a TPU slice or GPU node from this machine (e.g. "
         "v5e:4x4, v5p-8, h100-80gb:8, a100-80gb:4x5; paper: the hardware the recipe's paper used) and report "
-        "memory per chip, fit, collectives and a roofline estimate. Needs pip install 'ssmlm[tpu]' / 'ssmlm[gpu-aot]'.",
+        "memory per chip, fit, collectives and a roofline estimate. Needs pip install 'ssmlm\\[tpu]' / "
+        "'ssmlm\\[gpu-aot]'.",
+        # \\[ : rich (typer's help renderer) would read [tpu] as a style tag and drop it
     ),
 ]
 FitOpt = Annotated[
@@ -256,8 +258,20 @@ def _dry_run_finetune(r, ckpt: str, num_labels: int, target, fit: bool, as_json:
     with _starting("finetune --dry-run", quiet):
         from ssmlm.train.plan import plan_finetune
 
-        the_plan = plan_finetune(r, ckpt, num_labels)
+        the_plan = plan_finetune(r, ckpt, num_labels, _train_rows(r, ckpt) if r.train.epochs else None)
     print_plan(the_plan)
+
+
+def _train_rows(r, ckpt: str) -> int | None:
+    """A local or built-in encoder task's training rows (read as finetuning will; the files were just checked),
+    None for a hub task's or a language model's (their size is known only once downloaded or built)."""
+    from ssmlm.data.tasks import BUILTIN, TASKS, load_task
+
+    local = r.task.train_file and r.task.name not in TASKS
+    if is_lm(run_arch(ckpt)) or not (local or r.task.name in BUILTIN):
+        return None
+    train = load_task(r.task, r.train.seed).splits.get("train") or {}
+    return len(next(iter(train.values()), []))
 
 
 def _finetune_work(r, ckpt: str, num_labels: int):
@@ -627,14 +641,25 @@ def finetune(
         rs = r if seed is None else dataclasses.replace(r, train=dataclasses.replace(r.train, seed=seed))
         run_dir = _run_dir(rs, base_name if seed is None else f"{base_name}-seed{seed}")
         summary = _train("finetune", rs, run_dir, quiet=quiet, stop_after=stop_after, init=init)
-        print_summary(summary, run_dir)
-        if not lm:
-            print_best_validation(summary)
+        _finetuned(summary, run_dir, rs, ckpt, init, lm)
         results.append(summary)
     if seeds:
         from ssmlm.experiment.stats import over_seeds
 
         write_seeds(over_seeds(results, seed_list), _run_dir(r, f"{base_name}-seeds.json"))
+
+
+def _finetuned(summary: dict, run_dir: Path, r, ckpt: str | None, init: str, lm: bool) -> None:
+    """A finetuning run's closing lines: its summary (saying so when it started from random weights), an
+    encoder's best validation, and where a test file was given, how to score it (training scores validation)."""
+    arch = f" (the architecture of {ckpt})" if ckpt else f" (the architecture of recipe {r.name})"
+    print_summary(summary, run_dir, start=f"random initialisation{arch}" if init == "random" else None)
+    if not lm:
+        print_best_validation(summary)
+    if r.task.test_file:
+        typer.echo(
+            f"the table is the validation split; score the test split: ssmlm evaluate --ckpt {run_dir} --split test"
+        )
 
 
 @app.command()
@@ -757,6 +782,7 @@ def results(
     if not files:
         raise UserError("no result files found: run `ssmlm evaluate --ckpt RUN` first (it writes RUN/eval/*.json)")
     df = results_table(files, LONG_TASKS if long else GLUE_TABLE1, split=split)
+    typer.echo(f"{split} split")  # (the scores of that split only: --split picks another)
     typer.echo(to_markdown(df))
     if out:
         typer.echo(f"wrote {save_table(df, out)}")
@@ -919,9 +945,11 @@ def experiment(
     out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
     if dry_run:
         from ssmlm.experiment.plan import dry_run_lines
+        from ssmlm.experiment.runner import dry_run_time
 
         for line in dry_run_lines(exp, out_dir):
             typer.echo(line)
+        typer.echo(dry_run_time(exp, out_dir, jobs))
         return
     checks.output_dir(out_dir, "--out" if out else "experiment directory")
     from ssmlm.experiment.report import markdown, write

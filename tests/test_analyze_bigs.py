@@ -124,6 +124,29 @@ def test_bad_kernel_options_are_named(runs, tmp_path, args, message):
     assert r.exit_code != 0 and message in r.output, r.output
 
 
+def test_a_random_initialisation_is_reported_as_one(runs, tmp_path):
+    """`finetune --init random` records its source run as the architecture only (run.json init: random): the
+    report says random initialisation, and draws no change of kernels from a source whose weights it never had."""
+    from ssmlm.analyze import kernels, score_vs_loss
+    from ssmlm.analyze.run_summary import facts
+    from ssmlm.runs import open_run
+
+    pre, ft = runs
+    rand = tmp_path / "rand"
+    shutil.copytree(ft, rand)
+    info = json.loads((rand / "run.json").read_text())
+    (rand / "run.json").write_text(json.dumps({**info, "init": "random"}))  # as drive.train writes it
+    run = open_run(rand)
+    assert facts(run)["task"].endswith(f", from random initialisation (the architecture of {pre.name})")
+    rep = kernels.for_report(run, tmp_path / "k")
+    assert rep["figure"] == "BiGS Figure 3" and len(rep["images"]) == 1
+    assert score_vs_loss.for_report(run, tmp_path / "t") is None
+    invoke("analyze", "report", "--ckpt", rand, "--out", tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "random initialisation (the architecture of" in page and f"from run {pre.name}" not in page
+    assert not list((tmp_path / "report").glob("kernels_compare*"))
+
+
 def test_kernels_for_report(runs, tmp_path):
     """A finetuned BiGS run gets Figures 3 and 4 (its source is on disk); a run without SSMs gets None without
     a model being loaded (this one has no checkpoint at all)."""

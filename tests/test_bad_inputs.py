@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 STATUS = re.compile(r"^[a-z-]+( [a-z-]+)?: [^:]*…$")
+HELD_OUT = re.compile(r"^validation: [\d,]+ rows held out \(")
 
 
 def assert_user_error(result, *culprits):
@@ -28,8 +29,9 @@ def assert_user_error(result, *culprits):
     assert "Traceback" not in out, out
     assert result.exit_code == 2, out
     # Status lines of the work that began ("pretrain: preparing the data and the model…", printed without a
-    # terminal) may precede it; the error itself is one line.
-    lines = [ln for ln in out.splitlines() if ln.strip() and not STATUS.match(ln)]
+    # terminal) and what the data preparation reported (its validation rows) may precede it; the error itself
+    # is one line.
+    lines = [ln for ln in out.splitlines() if ln.strip() and not STATUS.match(ln) and not HELD_OUT.match(ln)]
     assert len(lines) == 1 and lines[0].startswith("error: "), out
     for c in culprits:
         assert str(c) in lines[0], (c, lines[0])
@@ -240,7 +242,7 @@ CASES = [
     ("evaluate_missing_ckpt_option", lambda c: ["evaluate"], lambda c: ["--ckpt"]),
     ("evaluate_not_a_run", lambda c: ["evaluate", "--ckpt", c.corpus], lambda c: [c.corpus, "not an ssmlm run"]),
     ("evaluate_damaged_run_json", lambda c: ["evaluate", "--ckpt", damaged_run(c, "run.json")],
-     lambda c: [c.tmp / "damaged", "damaged run directory"]),
+     lambda c: [c.tmp / "damaged" / "run.json", "damaged run directory"]),
     ("evaluate_recipe_edited_in_run", lambda c: ["evaluate", "--ckpt", edited_run(c)],
      lambda c: [c.tmp / "edited", "no usable checkpoint", "steps 4, 2", "does not fit the model"]),
     ("analyze_window_0", lambda c: ["analyze", "kernels", "--ckpt", c.run, "--window", "0"],
@@ -415,6 +417,23 @@ def test_evaluate_and_analyze_fall_back_without_touching_the_broken_one(trained,
     assert snapshot(run / "checkpoints" / "4") == broken  # read-only commands leave it where it is
 
 
+def test_the_fallback_warning_says_why_in_words(trained):
+    """Array chunks cut short (the metadata intact): Orbax's error formats TensorStore's `spec` method, not its
+    text; the warning gives TensorStore's own reason instead of "<bound method pybind11_...>"."""
+
+    def truncate_chunks(step_dir: Path) -> None:
+        for p in (step_dir / "params" / "ocdbt.process_0" / "d").iterdir():
+            with p.open("r+b") as f:
+                f.truncate(p.stat().st_size // 2)
+
+    run = broken_copy(trained, "eval-chunks", truncate_chunks)
+    r = invoke("evaluate", "--ckpt", run)
+    warning = [ln for ln in r.output.splitlines() if ln.startswith("warning:")]
+    assert len(warning) == 1 and "using step 2" in warning[0], r.output
+    assert "<" not in warning[0] and "TensorStore details" not in warning[0], warning
+    assert "Error reading" in warning[0], warning  # TensorStore's words: which array, which file
+
+
 def test_no_usable_checkpoint_is_one_line(trained):
     run = broken_copy(trained, "all-broken", truncate_files)
     truncate_files(run / "checkpoints" / "2")
@@ -451,6 +470,43 @@ def test_finetune_from_a_damaged_run_uses_the_previous_checkpoint(trained, tmp_p
     )
     assert "warning: checkpoint 4" in r.output and "using step 2" in r.output
     assert json.loads((tmp_path / "runs" / "ft" / "summary.json").read_text())["final_step"] == 4
+
+
+def cut_in_half(run: Path) -> None:
+    text = (run / "run.json").read_text()
+    (run / "run.json").write_text(text[: len(text) // 2])
+
+
+def without_kind(run: Path) -> None:
+    info = json.loads((run / "run.json").read_text())
+    del info["kind"]
+    (run / "run.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("damage", [cut_in_half, without_kind], ids=["truncated", "missing-key"])
+def test_a_damaged_run_json_is_one_line_for_every_command_that_reads_it(trained, tmp_path, damage):
+    """run.json cut short or missing a key: evaluate, analyze and finetune --ckpt each name the file and exit 2
+    (not a KeyError or JSONDecodeError traceback), and leave the run as it was; pretrain rewrites it."""
+    run = trained.run.parent / f"json-{damage.__name__}"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(trained.run, run)
+    damage(run)
+    before = snapshot(run)
+    train = write_task(tmp_path / "train.csv", 16, 1)
+    commands = [
+        ["evaluate", "--ckpt", run],
+        ["analyze", "kernels", "--ckpt", run, "--out", tmp_path / "analysis"],
+        ["analyze", "report", "--ckpt", run, "--out", tmp_path / "report"],
+        ["finetune", "--ckpt", run, "--train-file", train, "--validation-file", train, "--text-fields", "sentence",
+         "--label-field", "label", "--set", f"train.out_dir={tmp_path / 'runs'}", "-q"],
+    ]  # fmt: skip
+    for args in commands:
+        r = invoke(*args, code=2)
+        assert_user_error(r, run / "run.json")
+    assert snapshot(run) == before
+    # Re-running pretrain writes run.json afresh from the recipe and the data (nothing in it is the run's own).
+    invoke("pretrain", trained.recipe, "--name", run.name, "-q")
+    assert json.loads((run / "run.json").read_text()) == json.loads((trained.run / "run.json").read_text())
 
 
 # ----------------------------------------------------------------------------- real processes: stderr and speed

@@ -123,3 +123,23 @@ def test_the_finetuning_guides_experiment_file_loads_as_written(tmp_path, monkey
     assert exp.arms["pretrained"]["finetune"].task == "polarity"
     r = invoke("experiment", "polarity.yaml", "--dry-run", code=None)
     assert r.exit_code == 0 and "random" in r.output, r.output
+
+
+def test_help_keeps_square_brackets_that_rich_would_read_as_styles(gen):
+    """Rich markup reads `[tpu]` as a style tag and drops it, so `pip install 'ssmlm[tpu]'` printed as
+    'ssmlm'. Every bracketed span in any help text is shown as written at 80 columns, and the CLI reference
+    (docs) shows it without rich's escape."""
+    seen = set()
+    for path, cmd in _commands(typer.main.get_command(app)):
+        texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+        spans = {m.group().replace("\\[", "[") for t in texts for m in re.finditer(r"\\?\[[^\]\s]*\]", t)}
+        if not spans:
+            continue
+        out = invoke(*path.split()[1:], "--help", env={"COLUMNS": "80"}).output
+        for span in spans:
+            assert span in out, (path, span, out)
+        seen |= spans
+    assert {"[tpu]", "[gpu-aot]"} <= seen  # the walk reached the --target help
+    out = invoke("pretrain", "--help", env={"COLUMNS": "80"}).output
+    assert "'ssmlm[tpu]'" in out and "'ssmlm[gpu-aot]'" in out, out
+    assert "ssmlm\\[tpu\\]" in gen.cli_reference()  # Markdown's escape only

@@ -226,6 +226,7 @@ def test_results_table(base):
     out = base / "table.md"
     r = invoke("results", base / "runs/sst2", base / "runs/mnli", "--out", out)
     assert "SST2" in r.stdout and "gated / ssm" in r.stdout and out.is_file()
+    assert r.stdout.startswith("validation split\n"), r.stdout  # which scores these are
 
 
 def test_model_is_a_multiple_choice_head(base):

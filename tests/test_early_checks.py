@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +196,34 @@ def test_lm_rows_closed_early_say_so(tmp_path):
     assert fill < 0.85 and "objective.min_sample_space = 56" in note and f"{fill:.0%} samples" in note, fills
     fill, note = fills[8]
     assert fill > 0.85 and note is None, fills
+
+
+def test_finetune_dry_run_counts_the_steps_its_epochs_take(tiny_encoder, tmp_path):
+    """A finetuning recipe runs train.epochs, not train.steps: the dry run counts epochs × whole batches of the
+    task's training rows (48 less the 10% held out for validation: 43; in batches of 8 (5 per epoch), 3 epochs: 15
+    steps, as training takes them); a hub task, whose
+    size is known only once downloaded, says its steps depend on the data instead of a false number."""
+    rows = ["sentence,label"] + [f"{s},{int('cat' in s)}" for s in english_lines(48, 1)]
+    (tmp_path / "task.csv").write_text("\n".join(rows) + "\n")
+    args = ["finetune", "--ckpt", tiny_encoder, "--dry-run", "--set", "train.epochs=3", "--set", "train.batch_size=8"]
+    local = ["--train-file", tmp_path / "task.csv", "--text-fields", "sentence", "--label-field", "label"]
+    out = " ".join(invoke(*args, *local, env={"COLUMNS": "200"}).output.split())
+    assert "over 15 steps (3 epochs of 43 rows)" in out, out
+    out = " ".join(invoke(*args, "--task", "sst2", env={"COLUMNS": "200"}).output.split())
+    assert "3 epochs (steps depend on the data)" in out and "1,000,000" not in out, out
+
+
+def test_pretraining_says_how_much_it_held_out_for_validation(tmp_path, corpus_file, tiny_lm):
+    """Not only when it held out none: an encoder's data says its validation rows, a language model's run its
+    validation documents (and summary.json records the count)."""
+    out = invoke("preprocess", tiny_recipe(tmp_path / "r.yaml", corpus_file)).output
+    assert re.search(r"validation: [1-9]\d* rows held out \(data.validation_fraction = 0.03 of 40 documents\)", out)
+    recipe = yaml.safe_load((tiny_lm / "recipe.yaml").read_text())  # the shared tiny LM, one step, 20% held out
+    recipe["data"]["validation_fraction"] = 0.2
+    recipe["train"].update(steps=1, out_dir=str(tmp_path / "runs"))
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(recipe))
+    out = invoke("pretrain", tmp_path / "lm.yaml", "--name", "lm").output
+    held = re.search(r"validation: ([1-9]\d*) documents held out \(data.validation_fraction = 0.2 of 20\)", out)
+    assert held, out
+    summary = json.loads((tmp_path / "runs" / "lm" / "summary.json").read_text())
+    assert summary["validation_held_out"] == {"documents": int(held.group(1))}

@@ -16,6 +16,7 @@ from conftest import english_lines, invoke, tiny_recipe
 from scipy import stats
 
 from ssmlm.experiment import stats as xstats
+from ssmlm.experiment.eta import fmt_time
 from ssmlm.experiment.spec import ExperimentError, load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,7 +300,10 @@ def test_finetune_init_random_records_it_and_starts_from_a_fresh_model(setup):
     freeze = 'train.param_rules=[{pattern: ".*", lr_multiplier: 0}]'
     args = ["finetune", "--init", "random", "--recipe", setup["recipe"], "--name", "rand", "-q"]
     sets = [x for s in [*setup["finetune_set"], "train.seed=7", freeze] for x in ("--set", s)]
-    invoke(*args, *sets)
+    closing = " ".join(invoke(*args, *sets).output.split())  # (the summary's title may wrap)
+    assert "finetune → " in closing and "from random initialisation (the architecture of recipe" in closing
+    # task.test_file was given: the closing table says whose split it shows, and how to score the test split
+    assert "the table is the validation split; score the test split: ssmlm evaluate --ckpt" in closing
     run = open_run(setup["tmp"] / "runs" / "rand")
     assert run.info["init"] == "random" and run.info["source"] is None and run.recipe.train.seed == 7
     saved, _ = run.load_model()
@@ -605,7 +609,14 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
         load_experiment(setup["tmp"] / "two.yaml")
     path = write_one_arm(setup, "one", setup["recipe"], [0, 1])
     out = setup["tmp"] / "out"
-    assert "reference none (one arm: no comparisons)" in run_experiment(path, out, "--dry-run").output
+    plan = run_experiment(path, out, "--dry-run").output
+    assert "reference none (one arm: no comparisons)" in plan
+    assert "time: no measured cost yet for the 2 runs to go: run --seeds 1 first, then ask again" in plan, plan
+    assert run_experiment(path, out, "--seeds", "1").exit_code == 0
+    # the dry run's estimate: the measured seconds per step of seed 0 × the steps of seed 1 (as long), one at a time
+    measured = json.loads((out / "runs" / "bigs" / "seed0" / "pretrain" / "summary.json").read_text())
+    plan = run_experiment(path, out, "--dry-run", "--jobs", "2").output
+    assert f"time: about {fmt_time(measured['seconds_total'])} for the 1 run to go at --jobs 2 (from the 1 done" in plan
     r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     assert "experiment one: 1 arm × 2 seeds, 2 runs" in r.output
@@ -615,6 +626,15 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
     assert res["reference"] is None and res["arms"]["bigs"]["difference"] is None
     assert len(res["arms"]["bigs"]["values"]) == 2 and "Δ" not in (out / "results.md").read_text()
     assert "warning" not in r.output  # these rows are full
+    assert "time: every run is done already" in run_experiment(path, out, "--dry-run").output
+
+
+def test_empty_arms_are_named_before_the_reference_they_leave_out(tmp_path):
+    """`arms: {}` is the mistake, not the `reference` a file of no arms cannot name."""
+    body = {"seeds": [0], "stages": ["pretrain"], "metric": "pretrain:mlm_loss", "arms": {}}
+    (tmp_path / "none.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ExperimentError, match=r"none.yaml: arms: expected a non-empty mapping, got \{\}"):
+        load_experiment(tmp_path / "none.yaml")
 
 
 def test_each_runs_warnings_are_shown_once_and_kept_in_results_md(setup):

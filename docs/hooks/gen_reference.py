@@ -45,6 +45,7 @@ def on_files(files, config):
 
 def _escape(text: str) -> str:
     """Plain text as Markdown: characters Markdown would read as markup are escaped, code spans kept."""
+    text = text.replace("\\[", "[")  # rich's escape in help text (see ssmlm/cli.py), not the reader's
     parts = re.split(r"(`[^`]*`)", text)
     out = []
     for i, part in enumerate(parts):

@@ -311,7 +311,8 @@ def for_report(run, out_dir: Path) -> dict | None:
         "data": [result["data"], result["csv"]],
         "numbers": {"layers": result["layers"], "crop": result["crop"]},
     }
-    source = Path(run.info["source"]) if run.kind == "finetune" and run.info.get("source") else None
+    # (a random initialisation changed no source's kernels: its source run gave the architecture only)
+    source = Path(run.weights_from) if run.kind == "finetune" and run.weights_from else None
     if source is not None and (source / "run.json").is_file() and (source / "recipe.yaml").is_file():
         from ssmlm.runs import open_run
 

@@ -100,6 +100,10 @@ def objective_line(run) -> str:
         task = run.info.get("task") or r.task.name or "local files"
         line = f"finetuned on {task}"
         source = run.info.get("source")
+        if run.random_init:  # the source run, if any, gave only the architecture
+            from ssmlm.runs import random_init_text
+
+            return line + f", from {random_init_text(source)}"
         return line + (f", from run {Path(source).name}" if source else ", from random weights")
     if r.objective.kind == "lm":
         mixture = r.objective.mixture

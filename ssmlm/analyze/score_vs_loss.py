@@ -147,6 +147,8 @@ def source_loss(source_dir: Path) -> dict:
 def source_of(run) -> Path:
     """The pretraining run a finetuned run names in run.json (as written, else beside the finetuned run: a
     relative path was relative to where finetuning ran, and runs are often moved together)."""
+    if run.random_init:
+        raise UserError(f"{run.dir}: finetuned from random initialisation: no pretraining loss to place it by")
     named = run.info.get("source")
     for d in (Path(named), run.dir.parent / Path(named).name) if named else ():
         if (d / "run.json").is_file():
@@ -236,7 +238,7 @@ def for_report(run, out_dir: Path) -> dict | None:
     """Figure 5's point for a finetuned run whose source pretraining run has a validation loss; None otherwise.
     The report does not draw it for one run (REPORT_ACROSS_RUNS_ONLY): one point says nothing about loss
     against score; it draws ``for_report_runs`` when two or more runs have a point."""
-    if run.kind != "finetune" or not run.info.get("source"):
+    if run.kind != "finetune" or not run.weights_from:
         return None
     try:
         source_of(run)
@@ -258,7 +260,7 @@ def for_report_runs(runs: list, out_dir: Path) -> dict | None:
     whose source run has a validation loss (one point says nothing about loss against score); None otherwise."""
     found = []
     for run in runs:
-        if run.kind != "finetune" or not run.info.get("source"):
+        if run.kind != "finetune" or not run.weights_from:
             continue
         try:
             source_of(run)

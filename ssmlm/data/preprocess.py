@@ -217,10 +217,15 @@ def preprocess(
 
 
 def validation_note(meta: dict) -> str | None:
-    """One line when data.validation_fraction held no document out (a few long documents): no validation loss."""
+    """One line on what data.validation_fraction held out for the validation loss: its rows, or (a warning) none
+    from a few long documents."""
     fraction = meta.get("config", {}).get("validation_fraction", 0)
-    if not fraction or meta["splits"]["validation"].get("sequences", 1):
-        return None
+    rows = meta["splits"].get("validation", {}).get("sequences")
+    if not fraction:
+        return "validation: none held out (data.validation_fraction = 0)"
+    if rows:
+        documents = f"{meta['documents']:,} documents"
+        return f"validation: {rows:,} rows held out (data.validation_fraction = {fraction} of {documents})"
     return (
         f"[yellow]no validation:[/] data.validation_fraction = {fraction} of {meta['documents']:,} documents held "
         "none out; raise it or give more text for a validation loss"

@@ -26,20 +26,26 @@ def print_plan(p: dict) -> None:
     )
     t.add_row("training FLOPs / token", f"{p['train_flops_per_token']:.3e}")
     t.add_row("tokens / step", f"{p['tokens_per_step']:,}")
-    t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps")
+    epochs = f"{p['epochs']:g} epochs" if p.get("epochs") else ""
+    if p["steps"] is None:  # finetuning by epochs of a task whose size only reading it tells
+        t.add_row("training FLOPs (all steps)", f"{epochs} (steps depend on the data)")
+    else:
+        rows = f" ({epochs} of {p['train_rows']:,} rows)" if p.get("train_rows") else ""
+        t.add_row("training FLOPs (all steps)", f"{p['train_flops_total']:.3e} over {p['steps']:,} steps{rows}")
     m = p["memory_bytes"]
     t.add_row("memory: params / AdamW / grads", f"{gib(m['params'])} / {gib(m['optimizer'])} / {gib(m['gradients'])}")
     t.add_row("memory: total (before activations)", gib(m["total"]))
     Console().print(t)
 
 
-def print_summary(summary: dict, run_dir: Path) -> None:
-    """A finished training run's summary.json: its steps, final training and validation metrics, its time."""
+def print_summary(summary: dict, run_dir: Path, start: str | None = None) -> None:
+    """A finished training run's summary.json: its steps, final training and validation metrics, its time;
+    ``start``: where its weights came from, when the title should say (a random initialisation)."""
     from rich.console import Console
 
     from ssmlm.evaluate.terminal import metric_text, titled
 
-    t = titled(f"{summary.get('kind', '')} → {run_dir}", show_header=False)
+    t = titled(f"{summary.get('kind', '')} → {run_dir}" + (f", from {start}" if start else ""), show_header=False)
     t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
     for k, v in (summary.get("train") or {}).items():
         t.add_row(f"train {k}", metric_text(k, v))

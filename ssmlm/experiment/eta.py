@@ -43,10 +43,10 @@ class Eta:
                 self.step_seconds[0] += seconds
                 self.step_seconds[1] += n
 
-    def text(self) -> str:
-        left = sum(self.pending.values())
-        if not left:
-            return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
+    def estimate(self) -> tuple[float | None, list[str]]:
+        """(seconds left, at this many workers; None when no kind left has a measured cost), the kinds left
+        that have none."""
+        left = sum(n for n in self.pending.values() if n > 0)
         est, timed, untimed = 0.0, False, []
         for kind, n in self.pending.items():
             if n <= 0:
@@ -59,7 +59,40 @@ class Eta:
                 untimed.append(kind)
                 continue
             timed = True
-        if not timed:
+        # runs at a time: no more workers than runs left keep busy
+        return (est / max(1, min(self.workers, left)) if timed else None), untimed
+
+    def text(self) -> str:
+        left = sum(self.pending.values())
+        if not left:
+            return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
+        est, untimed = self.estimate()
+        if est is None:
             return f" · {left} to go"
         more = f" + the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
-        return f" · {left} to go, ETA {fmt_time(est / max(1, self.workers))}{more}"
+        return f" · {left} to go, ETA {fmt_time(est)}{more}"
+
+
+def dry_run_estimate(jobs: list[Job], total: Counter, workers: int) -> str:
+    """`experiment --dry-run`'s line on time: what is left, from the costs measured by the training runs already
+    done in the experiment's folder (their summary.json, whole over all launches), or plainly that there are none."""
+    import json
+
+    eta = Eta(total, sum(steps(j) for j in jobs), workers)
+    done = 0
+    for job in jobs:
+        path = job.run_dir / "summary.json"
+        if job.kind in ("pretrain", "finetune") and path.is_file():  # what the experiment reuses
+            summary = json.loads(path.read_text())
+            eta.finished(job, summary.get("seconds_total", summary.get("seconds")))
+            done += 1
+    left = sum(n for n in eta.pending.values() if n > 0)
+    if not left:
+        return "time: every run is done already"
+    est, untimed = eta.estimate()
+    runs = f"{left} run{'s' if left > 1 else ''} to go"
+    if est is None:
+        return f"time: no measured cost yet for the {runs}: run --seeds 1 first, then ask again"
+    more = f", plus the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
+    at = f" at --jobs {workers}" if workers > 1 else ""
+    return f"time: about {fmt_time(est)} for the {runs}{at}{more} (from the {done} done here)"

@@ -19,8 +19,8 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from ssmlm.errors import Interrupted, UserError
-from ssmlm.experiment.eta import Eta, fmt_time, steps
+from ssmlm.errors import Interrupted, UserError, reason
+from ssmlm.experiment.eta import Eta, dry_run_estimate, fmt_time, steps
 from ssmlm.experiment.execute import timed
 from ssmlm.experiment.plan import Job, Plan, build_plan, later_jobs
 from ssmlm.experiment.pool import signals_as_ctrl_c, spawn_pool, stop_on_interrupt
@@ -37,9 +37,7 @@ class Outcome:
 
 
 def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    msg = text[0] if text else ""
-    return msg if isinstance(e, UserError) else f"{type(e).__name__}: {msg}".rstrip(": ")
+    return reason(e, limit=1000)  # (whole first line: a run's failure is the one thing its line says)
 
 
 class Runner:
@@ -164,10 +162,8 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(exp.path.read_text(encoding="utf-8"), encoding="utf-8")
     plan = build_plan(exp, out)
-    n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages and exp.grid else len(plan.of_kind("evaluate"))
-    n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
     pretrain = plan.of_kind("pretrain")
-    total = Counter(pretrain=len(pretrain), finetune=len(plan.of_kind("finetune")), evaluate=n_eval, analyze=n_analyze)
+    total = run_counts(exp, plan)
     grid = f" × {len(exp.points())} grid points" if exp.grid else ""
     if exp.budgets:
         plural = lambda n, word: f"{n} {word}{'s' if n > 1 else ''}"  # noqa: E731
@@ -190,6 +186,20 @@ def run_experiment(exp: Experiment, out: Path, jobs: int = 1, verbose: bool = Fa
 
         res["sweep"] = summarize_sweep(collect_sweep(exp, plan, runner))
     return res
+
+
+def run_counts(exp: Experiment, plan: Plan) -> Counter:
+    """Runs of each kind the experiment makes, those that wait for a grid's selection included."""
+    n_eval = len(exp.arms) * len(exp.seeds) if "evaluate" in exp.stages and exp.grid else len(plan.of_kind("evaluate"))
+    n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
+    pretrain, finetune = len(plan.of_kind("pretrain")), len(plan.of_kind("finetune"))
+    return Counter(pretrain=pretrain, finetune=finetune, evaluate=n_eval, analyze=n_analyze)
+
+
+def dry_run_time(exp: Experiment, out: Path, jobs: int) -> str:
+    """`experiment --dry-run`'s estimate of its time (see eta.dry_run_estimate)."""
+    plan = build_plan(exp, out)
+    return dry_run_estimate(plan.jobs, run_counts(exp, plan), jobs)
 
 
 def training_seconds(plan: Plan) -> dict[str, float]:

@@ -195,13 +195,14 @@ def load_experiment(path: str | Path) -> Experiment:
     for key in ("arms", "seeds", "stages", "metric"):
         if key not in raw:
             raise fail(key, "missing")
-    if "reference" not in raw and not (isinstance(raw["arms"], dict) and len(raw["arms"]) == 1):
+    arms_raw = _mapping(raw["arms"], "arms", fail)  # before `reference`: with no arms, that is the mistake
+    if "reference" not in raw and len(arms_raw) != 1:
         raise fail("reference", "missing: the arm the others are compared with (only a file of one arm has none)")
     seeds = _seeds(raw["seeds"], fail)
     stages = _stages(raw["stages"], fail)
     budgets, probes = _sweep(raw, stages, fail)
     arm_stages = ("pretrain",) if budgets else stages  # a sweep's arms give only their pretraining
-    arms = {name: _arm(name, body, arm_stages, fail) for name, body in _mapping(raw["arms"], "arms", fail).items()}
+    arms = {name: _arm(name, body, arm_stages, fail) for name, body in arms_raw.items()}
     metric = _metric(raw["metric"], raw.get("goal"), raw.get("bounds", "default"), stages, fail)
     reference = _reference(raw.get("reference"), arms, fail)
     grid = _grid(raw.get("grid"), stages, fail)

@@ -48,6 +48,17 @@ class Run:
     def kind(self) -> str:
         return self.info["kind"]
 
+    @property
+    def random_init(self) -> bool:
+        """Finetuned from random weights (`finetune --init random`): its ``source`` gave the architecture only."""
+        return self.info.get("init") == "random"
+
+    @property
+    def weights_from(self) -> str | None:
+        """The run whose weights this one started from, as run.json names it; None for a pretraining run and
+        for a random initialisation (whose ``source`` is only the architecture's)."""
+        return None if self.random_init else self.info.get("source")
+
     def tokenizer(self):
         from tokenizers import Tokenizer
 
@@ -67,17 +78,43 @@ class Run:
         return nnx.merge(graphdef, params), meta
 
 
+def random_init_text(source: str | Path | None) -> str:
+    """How a report names a `--init random` run's start: no weights, only an architecture (the source run's)."""
+    return f"random initialisation (the architecture of {Path(source).name})" if source else "random initialisation"
+
+
 def open_run(path: str | Path) -> Run:
     d = Path(path).expanduser()
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
-    try:
-        raw = with_layout_of_older_runs(yaml.safe_load((d / "recipe.yaml").read_text()))
-        recipe = from_dict(Recipe, raw, str(d / "recipe.yaml"))
-        info = json.loads((d / "run.json").read_text())
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: damaged run directory: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    for name in ("recipe.yaml", "run.json"):  # each one's damage named with its file
+        try:
+            text = (d / name).read_text()
+            if name == "recipe.yaml":
+                recipe = from_dict(Recipe, with_layout_of_older_runs(yaml.safe_load(text)), str(d / name))
+            else:
+                info = json.loads(text)
+        except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            raise CheckpointError(f"{d / name}: damaged run directory: {why}") from None
+    check_info(d / "run.json", info)
     return Run(d, recipe, info)
+
+
+def check_info(path: Path, info) -> None:
+    """The run.json keys the commands that open a run rely on, so that a hand-edited or damaged one is one line
+    naming the file rather than a KeyError deep inside a command."""
+    bad = lambda what: CheckpointError(f"{path}: damaged run directory: {what}")  # noqa: E731
+    if not isinstance(info, dict):
+        raise bad(f"expected a JSON object, got {type(info).__name__}")
+    if not isinstance(info.get("kind"), str) or not info["kind"]:
+        raise bad(f"kind is {info.get('kind')!r}: expected the stage that wrote it, e.g. 'pretrain' or 'finetune'")
+    if info["kind"] == "finetune":
+        for key in ("source", "task"):
+            if key not in info:
+                raise bad(f"{key} is missing: a finetuned run names its source run and task")
+        if info.get("head") != "lm" and not (isinstance(info.get("num_labels"), int) and info["num_labels"] > 0):
+            raise bad(f"num_labels is {info.get('num_labels')!r}: expected a positive whole number")
 
 
 # Model options added after runs were already being written, with the value that reproduces what such a

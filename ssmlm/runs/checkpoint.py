@@ -28,7 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from ssmlm.errors import CheckpointError
+from ssmlm.errors import CheckpointError, reason
 from ssmlm.models.layout import to_layout
 
 
@@ -123,13 +123,6 @@ class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written; the message says which step was kept and how to go on."""
 
 
-def _reason(e: BaseException) -> str:
-    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:160]
-    if isinstance(e, CheckpointError):  # our own words need no type name
-        return line
-    return f"{type(e).__name__}: {line}" if line else type(e).__name__
-
-
 def _key(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
@@ -155,7 +148,7 @@ def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], obj
             with _quiet_orbax():
                 result = restore(step)
         except Exception as e:  # Orbax, tensorstore and json raise many types for a damaged checkpoint
-            failed.append((step, _reason(e)))
+            failed.append((step, reason(e)))
             continue
         for bad, why in failed:
             moved = on_broken(bad) if on_broken else None
@@ -269,7 +262,7 @@ class Checkpoints:
         self._in_flight, self._failed = None, True
         self._failures.error = None
         kept = [s for s in self.committed_steps() if s != step]
-        why = f" ({_reason(e)})" if e is not None else ""
+        why = f" ({reason(e)})" if e is not None else ""
         newest = f"the newest complete checkpoint, step {max(kept)}, is kept" if kept else "no checkpoint was kept"
         raise CheckpointWriteError(
             f"could not write the checkpoint of step {step} in {self.dir}{why}; {newest}; free space (or fix the "

@@ -47,6 +47,8 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
     counts = param_counts(model)
     per_token = flops_per_token(model, cfg, seq_len, preds)
     tokens_per_step = recipe.train.batch_size * seq_len
+    # finetuning by epochs: train.steps is not the count (see plan_finetune, which may know the data's size)
+    steps = None if kind == "finetune" and recipe.train.epochs else recipe.train.steps
     return {
         "recipe": recipe.name,
         "kind": kind,
@@ -62,15 +64,26 @@ def plan(recipe: Recipe, kind: str = "pretrain", num_labels: int | None = None) 
         "params_non_embedding": counts["non_embedding"],
         "train_flops_per_token": per_token,
         "tokens_per_step": tokens_per_step,
-        "steps": recipe.train.steps,
-        "train_flops_total": per_token * tokens_per_step * recipe.train.steps,
+        "steps": steps,
+        "epochs": recipe.train.epochs if steps is None else None,
+        "train_flops_total": per_token * tokens_per_step * steps if steps is not None else None,
         "memory_bytes": memory_bytes(model, cfg),
     }
 
 
-def plan_finetune(recipe: Recipe, source_dir: str | Path, num_labels: int) -> dict:
+def plan_finetune(recipe: Recipe, source_dir: str | Path, num_labels: int, train_rows: int | None = None) -> dict:
+    """The plan of finetuning the run at ``source_dir``; ``train_rows``: the task's training rows, where known,
+    turn train.epochs into the steps the run will take (as the training loader does: whole batches per epoch)."""
     from ssmlm.runs import open_run
 
     src = open_run(source_dir)
     r = dataclasses.replace(recipe, model=dataclasses.replace(src.recipe.model, dropout=recipe.model.dropout))
-    return plan(r, "finetune", num_labels)
+    p = plan(r, "finetune", num_labels)
+    if p["epochs"] and train_rows:
+        steps = int(train_rows // recipe.train.batch_size * p["epochs"])
+        p.update(
+            steps=steps,
+            train_rows=train_rows,
+            train_flops_total=p["train_flops_per_token"] * p["tokens_per_step"] * steps,
+        )
+    return p

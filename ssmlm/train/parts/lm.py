@@ -114,12 +114,20 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
         raise UserError(f"objective.mixture: birdie learns from validation losses, but {no_val}")
     fill = row_fill(objective)
     dropped = left_out(objective.dropped, len(objective.dropped) + len(objective.configs), seq_len)
+    held = len(objective.docs_val)
     notes = [
         f"[yellow]no validation: {no_val}" if eval_data is None else None,
         dropped if objective.dropped else None,
         packing_note(fill, recipe),
     ]
     if not quiet:
+        if held:  # said always, not only when none was held out
+            fraction = recipe.data.validation_fraction
+            console.print(
+                f"validation: {held:,} documents held out (data.validation_fraction = {fraction} of "
+                f"{meta['documents']:,})",
+                soft_wrap=True,
+            )
         for note in filter(None, notes):
             console.print(note, soft_wrap=True)
     eval_steps = set(controller.eval_steps()) if controller is not None else set()
@@ -145,5 +153,6 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
         predictions_per_row=None,  # the LM head is a dense layer at every position: counted with the rest
     )
     info = {"kind": "pretrain", "data_dir": str(data_dir), "source": None}
-    summary = {"fill_rate": fill, "warnings": recorded(*notes)}  # what was printed, for `ssmlm experiment`
+    # what was printed, for `ssmlm experiment`; and the held-out documents' count, for the record
+    summary = {"fill_rate": fill, "warnings": recorded(*notes), "validation_held_out": {"documents": held}}
     return Work(recipe, stage, info, data_dir / "tokenizer.json", summary=summary)

@@ -97,5 +97,6 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
     if source is not None:
         info["init_step"] = init_step  # the source's checkpoint loaded
     warnings = recorded(packing_note(meta))  # preprocessed() printed it
-    summary = {"fill_rate": meta.get("fill_rate"), "warnings": warnings}
+    held = {"rows": meta["splits"].get("validation", {}).get("sequences", 0)}  # for the record (preprocessed() said it)
+    summary = {"fill_rate": meta.get("fill_rate"), "warnings": warnings, "validation_held_out": held}
     return Work(recipe, stage, info, data_dir / "tokenizer.json", summary=summary)
