@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent / "ssmlm"
 # package, top-level module or (overriding its package's) module -> layer; an import may only go to the same
 # or a lower layer. Laid out by hand (fmt: skip): modules of one layer share a line, so that a line reads as a layer.
 LAYER = {
-    "errors": 0, "lockfile": 0, "paths": 0, "progress": 0, "schema": 0, "yamlfile": 0,  # schema: Rule and the common ranges
+    "errors": 0, "lockfile": 0, "progress": 0, "schema": 0, "yamlfile": 0,  # schema: Rule and the common ranges
+    "paths": 0,  # local paths and gs:// URLs told apart, and the bucket operations
     "targets": 0,  # the accelerators a user rents, as data, and their compile-only devices
     # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
     "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
