@@ -195,6 +195,32 @@ def test_cli_target_json(tmp_path):
     assert rep["target"] == "v5e:2x2" and rep["chips"] == 4 and rep["memory"]["fits"]
 
 
+@needs_cuda
+def test_cli_gpu_target_prints_nothing_of_the_cuda_plugin(tmp_path):
+    """A real `ssmlm` process on this CPU machine with JAX_PLATFORMS=cpu set by the user (as the tests do): the
+    plugin's "Could not find cuda drivers" and absl lines stay hidden under --target too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    args = [
+        "pretrain",
+        "lm_tiny",
+        "--dry-run",
+        "--target",
+        "h100-80gb:1",
+        "-q",
+        *sum((["--set", s] for s in TINY_LM), []),
+    ]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "ssmlm", *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "h100" in done.stdout.lower()
+    assert "cuda" not in done.stderr.lower() and "absl" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
