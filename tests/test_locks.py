@@ -63,20 +63,30 @@ def test_a_dead_holders_lock_is_taken_over_and_another_hosts_is_not(tmp_path):
 
 
 def test_a_second_pretrain_of_one_run_is_refused_and_the_first_finishes_cleanly(tmp_path):
-    recipe = tiny_recipe(tmp_path / "r.yaml", corpus_dir(tmp_path / "corpus", 12, 20), train={"steps": 3})
+    recipe = tiny_recipe(
+        tmp_path / "r.yaml",
+        corpus_dir(tmp_path / "corpus", 12, 20),
+        data={"validation_fraction": 0.25},
+        train={"steps": 3, "checkpoint_every": 1},
+    )
     run = tmp_path / "runs" / "dup"
     first = ssmlm(
         ["pretrain", recipe, "-q", "--name", "dup"], tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    wait_for(f"runs/dup/{NAME}", first, tmp_path)
+    wait_for("runs/dup/checkpoints/1", first, tmp_path)  # Orbax renames a save's folder to its step once complete
     first.send_signal(signal.SIGSTOP)  # holds its lock, paused: the second start cannot miss it
     try:
         second = ssmlm(
             ["pretrain", recipe, "-q", "--name", "dup"], tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         out = second.communicate(timeout=300)[0]
+        # a reader takes no lock: the live run's newest committed checkpoint is evaluated meanwhile
+        reader = ssmlm(["evaluate", "--ckpt", run], tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        read = reader.communicate(timeout=300)[0]
     finally:
         first.send_signal(signal.SIGCONT)
+    assert reader.returncode == 0, read
+    assert json.loads((run / "eval" / "mlm-validation.json").read_text())["step"] >= 1
     assert second.returncode == 2, out
     assert "Traceback" not in out, out
     assert [ln for ln in out.splitlines() if ln.startswith("error:")] == [
