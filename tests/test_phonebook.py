@@ -460,3 +460,19 @@ def test_analyze_phonebook_plot_and_csv(lm_run, tmp_path):
         ("pb", "by_queries", "3"): (1, pytest.approx(100 / 3)),
         ("pb", "by_entries", "32-63"): (1, pytest.approx(100 / 3)),
     }
+
+
+def test_a_seeds_book_is_the_same_in_every_install():
+    """The phone books behind the docs' Birdie results, pinned: these lines were drawn with faker 40.63.0 (the
+    version pyproject.toml requires exactly, since Faker keeps a seed's names only within one version). A change
+    of Faker, numpy's generator or the drawing code that changes them fails here."""
+    book = make_book(np.random.default_rng(2_000_003), 6, 2)
+    assert book.prompt.splitlines()[3:9] == [
+        "Sydney Walters: 367-952-1136",
+        "Gregory Johnson: 030-774-3676",
+        "Erica Brown: 545-434-3440",
+        "Sarah Wallace: 574-731-4615",
+        "Richard Stewart: 135-408-1864",
+        "Nicholas Morales: 987-344-8546",
+    ]
+    assert book.names == ["Erica Brown", "Gregory Johnson"] and book.numbers == ["545-434-3440", "030-774-3676"]
