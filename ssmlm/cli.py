@@ -996,6 +996,11 @@ def main() -> None:
     try:
         app()
     except SystemExit as e:
+        several = "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized()
+        if e.code not in (0, None) and several:
+            from ssmlm.hosts import leave  # one of several hosts stops, its one line printed
+
+            leave(e.code if isinstance(e.code, int) else 1)
         if e.code == 130:  # Ctrl-C: what is kept is saved and closed by now
             # Leave at once: work dropped on a worker thread (an evaluation, a compile) cannot be stopped, and a
             # normal exit would wait for it or abort inside it while the interpreter shuts down.

@@ -14,7 +14,7 @@ from ssmlm.data.packing import pack, rows_to_array
 from ssmlm.data.shards import TokenDocuments, TokenRows
 from ssmlm.data.sources import load_corpus
 from ssmlm.data.tokenizer import load_tokenizer, special_ids
-from ssmlm.errors import Interrupted
+from ssmlm.errors import Interrupted, UserError
 from ssmlm.recipe import DataConfig
 
 L = 32
@@ -291,3 +291,14 @@ def test_multi_host_split(tmp_path, vocab):
     assert host0 == host1 and (host0 / "metadata.json").is_file()
     for split in prep.SPLITS:
         np.testing.assert_array_equal(all_rows(single, split), all_rows(host0, split))
+
+
+def test_host_0_does_not_wait_forever_for_a_host_that_never_writes_its_shards(tmp_path, vocab, monkeypatch):
+    corpus = write_docs(tmp_path / "c", 30)
+    cfg = cfg_for(corpus, vocab, validation_fraction=0.1)
+    monkeypatch.setenv("SSMLM_DATA_TIMEOUT", "1")  # host 1 never runs: its shards never come
+    with pytest.raises(UserError, match=r"waited 1 s \(SSMLM_DATA_TIMEOUT\) for the shards of .* another host"):
+        prep.preprocess(cfg, L, tmp_path / "two", True, hosts=(0, 2), chunk_chars=CHUNK)
+    monkeypatch.setenv("SSMLM_DATA_TIMEOUT", "soon")
+    with pytest.raises(UserError, match="SSMLM_DATA_TIMEOUT = 'soon': expected a number of seconds > 0"):
+        prep.preprocess(cfg, L, tmp_path / "two", True, hosts=(0, 2), chunk_chars=CHUNK)

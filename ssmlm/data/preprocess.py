@@ -53,6 +53,7 @@ from ssmlm.data.tokenizer import (
     train_wordpiece,
 )
 from ssmlm.errors import DataError, Interrupted, UserError
+from ssmlm.hosts import wait_for
 from ssmlm.lockfile import locked
 from ssmlm.progress import console, progress_bar
 
@@ -392,8 +393,7 @@ def _tokenizer(cfg: DataConfig, out: Path, host: int, quiet: bool = True, layout
         elif host == 0:
             tok = _trained_tokenizer(cfg, quiet, rows=layout == "rows")
         else:  # the other hosts use host 0's tokenizer: training is not guaranteed to be bit-identical
-            while not saved.is_file():
-                time.sleep(1.0)
+            wait_for(saved.is_file, f"the tokenizer {saved}")
             return _load_saved(saved)
         tmp = saved.with_name(f"tokenizer.json.{host}.tmp")
         tok.save(str(tmp))
@@ -486,12 +486,12 @@ def finalize(
     ``poll_s`` seconds; after a barrier nothing is waited for). Returns the output dir."""
     out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
     count = out / "shards" / "count.json"
-    while not count.is_file():
-        time.sleep(poll_s)
+    wait_for(count.is_file, f"the shard count {count}", poll_s=poll_s)
     n = json.loads(count.read_text())["chunks"]
     markers = [out / "shards" / f"{shard_name(i)}.json" for i in range(n)]
-    while not all(m.is_file() for m in markers):
-        time.sleep(poll_s)
+    written = lambda: sum(m.is_file() for m in markers)  # noqa: E731
+    # a host still tokenising is not a dead one: the deadline counts from the newest shard
+    wait_for(lambda: written() == n, f"the shards of {out} ({n} chunks)", progress=written, poll_s=poll_s)
     shards = [json.loads(m.read_text()) for m in markers]
     for s in shards:  # a shard written before checksums existed (a resumed older run): its files as they are now
         if "checksums" not in s:

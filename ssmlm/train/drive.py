@@ -22,6 +22,7 @@ import jax
 
 from ssmlm.checks import checkpoint_step
 from ssmlm.errors import Diverged, UserError
+from ssmlm.hosts import check_shared, lost
 from ssmlm.lockfile import locked
 from ssmlm.progress import console
 from ssmlm.recipe import Recipe
@@ -105,6 +106,19 @@ def early_checks(kind: str, recipe: Recipe, run_dir: Path) -> None:
     check_layout(recipe)
 
 
+def shared_locations(run_dir: Path) -> None:
+    """With several hosts, the local places every host reads what host 0 writes (the run directory's folder, the
+    data cache) are probed before any work: a host's own disk there stops every host with one line."""
+    if jax.process_count() == 1:
+        return
+    from ssmlm import paths
+    from ssmlm.data.preprocess import ssmlm_home
+
+    if not paths.is_remote(run_dir):
+        check_shared(Path(run_dir).parent, "the run directory's folder")
+    check_shared(ssmlm_home(), "the data cache (SSMLM_HOME)")
+
+
 def parts_for(kind: str, arch: str):
     """The parts module of ``kind`` of work on a model of ``arch`` (ssmlm.train.parts.*)."""
     from ssmlm.models import is_lm
@@ -135,6 +149,7 @@ def drive(
     check_available(recipe.train.trackers)  # a tracker's missing package, before any data work
     own = None if kind == "finetune" else parts_for(kind, recipe.model.arch)
     early_checks(kind, recipe, run_dir)
+    shared_locations(run_dir)
     lead = jax.process_index() == 0
     # one writer per run: a second start of it is refused before any data work (process 0 writes the run for all)
     lock = locked(run_dir, "run", say=_say) if lead else contextlib.nullcontext()
@@ -149,6 +164,10 @@ def drive(
         stage.hooks = [*stage.hooks, *(hooks or [])]
         try:
             summary = _train(stage, work, run_dir, lead, quiet, stop_after)
+        except jax.errors.JaxRuntimeError as e:
+            if jax.process_count() == 1:
+                raise
+            raise lost(e) from None  # another host died: its collectives fail here at once
         except Diverged as e:  # a failed run says so where a finished one keeps its numbers
             if lead and run_dir.is_dir():
                 failed = {"kind": kind, "failed": f"diverged: {e}"}
@@ -169,7 +188,7 @@ def _train(stage, work, run_dir: Path, lead: bool, quiet: bool, stop_after: int 
         shutil.copyfile(work.tokenizer, run_dir / "tokenizer.json")
         for name, text in work.files.items():
             atomic_write(run_dir / name, text)
-    barrier("run-dir")
+    barrier("run-dir", f"the run directory {run_dir} (written by host 0)")
     stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
     return loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
 

@@ -204,6 +204,7 @@ def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Lau
             for hook in defaults:
                 hook.after_step(state)
             launch.update(state.step)
+            ctrl_c.at_step(state.step)
     except UserError:
         ctx.ckpt.close()
         raise

@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ssmlm import hosts
 from ssmlm.errors import UserError
 from ssmlm.models.layout import STACKED, is_stacked
 from ssmlm.train.config import MeshConfig
@@ -44,17 +45,17 @@ def maybe_initialize_distributed() -> None:
             coordinator_address=coord,
             num_processes=int(os.environ["SSMLM_NUM_PROCESSES"]),
             process_id=int(os.environ["SSMLM_PROCESS_ID"]),
+            heartbeat_timeout_seconds=hosts.heartbeat_timeout(),
         )
     elif os.environ.get("SLURM_NTASKS", "1") != "1" or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
-        jax.distributed.initialize()  # JAX reads the cluster from SLURM / the TPU metadata
+        # JAX reads the cluster from SLURM / the TPU metadata
+        jax.distributed.initialize(heartbeat_timeout_seconds=hosts.heartbeat_timeout())
 
 
-def barrier(name: str) -> None:
-    """All processes wait here (a no-op with one process)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+def barrier(name: str, what: str, setting: str = "SSMLM_BARRIER_TIMEOUT") -> None:
+    """All processes wait here, at most ``setting``'s seconds, then stop with one line naming the missing hosts
+    (a no-op with one process): ssmlm.hosts.barrier."""
+    hosts.barrier(name, what, setting)
 
 
 def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:

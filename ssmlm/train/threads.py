@@ -3,12 +3,14 @@ that a Ctrl-C need not wait for (``interruptibly``), and the batch reader one st
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ssmlm import hosts
 from ssmlm.train.hooks import Stopped
 
 PREFETCH_DEPTH = 2  # batches read ahead of the step being trained
@@ -23,18 +25,32 @@ class CtrlC:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
-        self.requested = False
+        self.requested = self.forwarded = False
         self.previous = {}
         # Whether Ctrl-C reaches this object: signal handlers can only be set on the main thread.
         self.active = threading.current_thread() is threading.main_thread()
+        # Several hosts stop together, at one step they agree on, or their collectives (the checkpoint's too) would
+        # wait for each other forever: SIGTERM is left to jax's preemption notifier (it tells every host), and a
+        # Ctrl-C becomes one (at_step asks whether the agreed step is reached).
+        self.hosts = hosts.count()[1] > 1
         if self.active:
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+            signals = (signal.SIGINT,) if self.hosts else self.SIGNALS
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in signals}
         return self
 
     def _handle(self, signum, frame):
-        if self.requested:
+        if self.requested or self.forwarded:
             raise KeyboardInterrupt
+        if self.hosts:
+            self.forwarded = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         self.requested = True
+
+    def at_step(self, step: int) -> None:
+        """After every step, on every host: whether all hosts stop here (a no-op with one host)."""
+        if self.hosts and hosts.agreed_stop(step):
+            self.requested = True
 
     def __exit__(self, *exc):
         for sig, previous in self.previous.items():

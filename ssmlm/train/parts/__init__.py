@@ -69,7 +69,7 @@ def preprocessed(data: DataConfig, seq_len: int, quiet: bool, layout: str = "row
 
     hosts = process_shard()
     data_dir = preprocess(data, seq_len, quiet=quiet or hosts[0] != 0, hosts=hosts, layout=layout)
-    barrier("preprocess")
+    barrier("preprocess", f"the end of preprocessing (host 0 writes {data_dir}/metadata.json)", "SSMLM_DATA_TIMEOUT")
     return data_dir
 
 
