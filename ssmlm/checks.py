@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ssmlm import paths, staging
 from ssmlm.data.config import DATA_RANGES, TASK_RANGES
 from ssmlm.errors import CheckpointError, RecipeError, UserError
 from ssmlm.models.config import RANGES as MODEL_RANGES
@@ -297,15 +298,22 @@ def entries(text: str | None) -> tuple[int, int] | None:
 
 
 def run_dir(path: str | Path, opt: str) -> None:
-    """A run directory given on the command line exists (checked before the slow imports)."""
-    d = Path(path).expanduser()
+    """A run directory given on the command line exists (checked before the slow imports); a gs:// one is
+    reachable, and its records are fetched (ssmlm.staging)."""
+    if paths.is_remote(path):
+        paths.check_url(str(path), opt)
+    d = staging.records(path)
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{opt} {path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
 
 
 def checkpoint_steps(path: str | Path) -> list[int]:
     """The steps a run holds checkpoints of, from the directory names alone (RUN/checkpoints/<step>; a save
-    still being written is <step>.orbax-checkpoint-tmp…, a name that is not a number): no jax, no Orbax."""
+    still being written is <step>.orbax-checkpoint-tmp…, a name that is not a number): no jax, no Orbax. In a
+    bucket, where Orbax marks a finished save with a file rather than a rename, the steps that have that file."""
+    if paths.is_remote(path):
+        done = paths.glob(paths.join(str(path), "checkpoints", "*", "commit_success.txt"))
+        return sorted(int(u.rsplit("/", 2)[1]) for u in done if u.rsplit("/", 2)[1].isdigit())
     d = Path(path).expanduser() / "checkpoints"
     if not d.is_dir():
         return []

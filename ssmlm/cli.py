@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -18,7 +19,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from ssmlm import checks
+from ssmlm import checks, paths, staging
 from ssmlm.data.finetune_task import check_encoder_task, check_lm_task, task_name, with_task_options
 from ssmlm.data.lm_tasks import default_recipe
 from ssmlm.data.sources import check_inputs
@@ -182,12 +183,35 @@ def _load(recipe: str | None, overrides: list[str] | None, default: str):
     return load_recipe(recipe, overrides or [], default=default)
 
 
-def _run_dir(recipe, name: str | None) -> Path:
+def _run_dir(recipe, name: str | None) -> Path | str:
+    """RUN under train.out_dir: a local path, or a gs:// URL (never a local folder named 'gs:')."""
+    if paths.is_remote(recipe.train.out_dir):
+        return paths.join(recipe.train.out_dir, name or recipe.name)
     return Path(recipe.train.out_dir) / (name or recipe.name)
 
 
-def _check_run_dir(recipe, run_dir: Path) -> None:
-    checks.output_dir(run_dir, f"train.out_dir '{recipe.train.out_dir}': run directory")
+def _check_run_dir(recipe, run_dir: Path | str) -> None:
+    if paths.is_remote(run_dir):
+        paths.check_url(str(run_dir), f"train.out_dir '{recipe.train.out_dir}': run directory")
+    else:
+        checks.output_dir(run_dir, f"train.out_dir '{recipe.train.out_dir}': run directory")
+
+
+@contextlib.contextmanager
+def _in_bucket(run_dir: Path | str, write: bool = True):
+    """A run directory to work in: itself, or a gs:// run staged in a local folder (ssmlm.staging: its records
+    uploaded by process 0 as they change and at the end, the folder removed; its checkpoints stay in the bucket)."""
+    if not paths.is_remote(run_dir):
+        yield Path(run_dir)
+        return
+
+    def lead() -> bool:
+        import jax
+
+        return write and jax.process_index() == 0
+
+    with staging.staged(str(run_dir), lead=lead) as local:
+        yield local
 
 
 def _check_training_options(name: str | None, stop_after: int | None) -> None:
@@ -308,15 +332,28 @@ def _starting(command: str, quiet: bool = False, what: str = "loading jax"):
     return activity(f"{command}: {what}", quiet, background=True, plain_after=plain_after)
 
 
-def _train(kind: str, recipe, run_dir: Path, quiet: bool, **kw) -> dict:
+def _renamed(result, local: str, url: str):
+    """``result`` with every string naming a file under the staging folder ``local`` naming it under ``url``."""
+    if isinstance(result, dict):
+        return {k: _renamed(v, local, url) for k, v in result.items()}
+    if isinstance(result, list):
+        return [_renamed(v, local, url) for v in result]
+    if isinstance(result, str) and (result == local or result.startswith(f"{local}/")):
+        return url + result[len(local) :]
+    return result
+
+
+def _train(kind: str, recipe, run_dir: Path | str, quiet: bool, **kw) -> dict:
     """pretrain, extend-length or finetune of one run (ssmlm.train.drive), with its loss plot; shown from the start."""
-    with _starting(kind, quiet) as start:
+    with _starting(kind, quiet) as start, _in_bucket(run_dir) as local:
         from ssmlm.analyze.plots import LossPlot
         from ssmlm.train.drive import drive
 
         start.label = f"{kind}: preparing the data and the model"
         started = SimpleNamespace(on_start=lambda *_: start())  # the loop has begun: the start is over
-        return drive(kind, recipe, run_dir, quiet=quiet, hooks=[LossPlot(run_dir), started], **kw)
+        summary = drive(kind, recipe, local, quiet=quiet, hooks=[LossPlot(local), started], **kw)
+        # a staged run's summary names the bucket's files, not the staging folder's (removed at the end)
+        return summary if local == run_dir else _renamed(summary, str(local), str(run_dir))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -731,19 +768,19 @@ def evaluate(
     if span and task != "phonebook":
         raise UserError(f"--entries {entries} goes with --task phonebook (the size of its phone books)")
     if out:
-        checks.output_file(out, "--out")
-    else:
+        checks.output_file(paths.local(out, "--out"), "--out")
+    elif not paths.is_remote(ckpt):  # a bucket's run: RUN/eval is written there (reached: checks.run_dir)
         checks.output_dir(Path(ckpt) / "eval", "--ckpt")
     if submission:
-        checks.output_dir(submission, "--submission")
+        checks.output_dir(paths.local(submission, "--submission"), "--submission")
     if predictions:
-        checks.output_file(predictions, "--predictions")
-    with _starting("evaluate") as start:
+        checks.output_file(paths.local(predictions, "--predictions"), "--predictions")
+    with _starting("evaluate") as start, _in_bucket(ckpt) as local:
         from ssmlm.evaluate.run import evaluate_run
         from ssmlm.runs import open_run
 
         start.label = f"evaluate: opening {ckpt}"
-        run = open_run(ckpt)
+        run = open_run(local)
         result = evaluate_run(
             run,
             task,
@@ -757,7 +794,7 @@ def evaluate(
             entries=span,
             trust_task_code=trust_task_code,
         )
-    write_result(result, Path(out) if out else None, run, entries=span)
+        write_result(result, Path(out) if out else None, run, entries=span)  # RUN/eval: staged, then uploaded
 
 
 @app.command()
@@ -777,7 +814,11 @@ def results(
     if out:
         checks.output_file(out, "--out")
     files = []
-    for r in map(Path, runs):
+    for given in runs:
+        if paths.is_remote(given):  # a run in a bucket: its records' local copy (result objects: not read yet)
+            paths.check_url(given, "results")
+            given = staging.records(given)
+        r = Path(given)
         files += sorted((r / "eval").glob("*.json")) if r.is_dir() else [r]
     if not files:
         raise UserError("no result files found: run `ssmlm evaluate --ckpt RUN` first (it writes RUN/eval/*.json)")
@@ -865,9 +906,21 @@ def _shown(command: str, fn, title: str):
     @functools.wraps(fn)
     def wrapper(*args, as_json: bool = False, **kwargs):
         if kwargs.get("out"):
-            checks.output_dir(kwargs["out"], "--out")
-        with _starting(command, bool(kwargs.get("quiet")), "working"):
+            checks.output_dir(paths.local(kwargs["out"], "--out"), "--out")
+        runs = kwargs.get("ckpt")
+        runs = runs if isinstance(runs, list) else [runs] if runs else []
+        for run in runs:  # a run in a bucket: reachable, before any work
+            if paths.is_remote(run):
+                checks.run_dir(run, "--ckpt")
+        with _starting(command, bool(kwargs.get("quiet")), "working"), contextlib.ExitStack() as stack:
+            local = [stack.enter_context(_in_bucket(run)) if paths.is_remote(run) else run for run in runs]
+            if "ckpt" in kwargs:
+                kwargs["ckpt"] = local if isinstance(kwargs["ckpt"], list) else local[0]
             result = fn(*args, **kwargs)
+            # the staging folders are removed at the end: name what was written by its place in the bucket
+            for run, folder in zip(runs, local, strict=True):
+                if folder != run:
+                    result = _renamed(result, str(folder), str(run))
         if result is not None:
             print_result(result, title, as_json)
 
@@ -942,7 +995,7 @@ def experiment(
     exp = load_experiment(file)
     if seeds is not None:
         exp = dataclasses.replace(exp, seeds=exp.seeds[:seeds])
-    out_dir = Path(out) if out else Path("runs") / "experiments" / exp.name
+    out_dir = paths.local(out, "--out") if out else Path("runs") / "experiments" / exp.name
     if dry_run:
         from ssmlm.experiment.plan import dry_run_lines
         from ssmlm.experiment.runner import dry_run_time
@@ -956,7 +1009,7 @@ def experiment(
     from ssmlm.experiment.runner import run_experiment
 
     res = run_experiment(exp, out_dir, jobs=jobs, verbose=verbose, echo=typer.echo)
-    paths = write(res, out_dir)
+    written = write(res, out_dir)
     typer.echo("")
     typer.echo(markdown(res, warnings=False), nl=False)  # the runs' warnings were printed as each finished
     warned = len({w["run_dir"] for w in res["warnings"]})
@@ -964,7 +1017,7 @@ def experiment(
         typer.echo(
             f"\n{warned} run{'s' if warned > 1 else ''} gave warnings: above, under each run's line, and in results.md"
         )
-    typer.echo(f"wrote {paths['md']}, results.csv, results.json, results.png")
+    typer.echo(f"wrote {written['md']}, results.csv, results.json, results.png")
     if any(a["status"] != "ok" for a in res["arms"].values()):
         raise typer.Exit(1)
 

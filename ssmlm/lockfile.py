@@ -5,6 +5,12 @@ however it ends), and the file says who holds it — host, pid, start time, comm
 refusal. A file left behind by a holder that died on this host is taken over, saying so in one line; one written
 on another host (a shared disk, where flock may not reach across machines) is never taken over: only a person
 knows whether that holder is gone, and the refusal says which file to delete then. Readers take no lock.
+
+A directory in a bucket (gs://…) has no flock: its lock is the object ``<dir>/LOCK``, created only if absent (GCS's
+precondition ifGenerationMatch=0, which the server checks, so of two writers exactly one creates it), naming its
+holder the same way. The holder deletes it when it ends; one left by a holder killed outright is taken over only
+from the same host with that pid gone. (Two takers of one stale lock at the same moment could both delete it
+before one creates it again: that needs a kill and two restarts on one host within a request's time.)
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ssmlm import paths
 from ssmlm.errors import UserError
 
 NAME = "LOCK"
@@ -49,26 +56,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _refusal(what: str, path: Path, info: dict) -> UserError:
-    return UserError(
-        f"{what} {path.parent} is in use by {_who(info)}; if that process is gone, delete {path} and run again"
-    )
+def _refusal(what: str, path: Path | str, info: dict) -> UserError:
+    parent = str(path).rsplit("/", 1)[0]
+    return UserError(f"{what} {parent} is in use by {_who(info)}; if that process is gone, delete {path} and run again")
 
 
-@contextlib.contextmanager
-def locked(
-    directory: Path, what: str, *, wait: bool = False, say: Callable[[str], None] | None = None
-) -> Iterator[None]:
-    """Hold ``directory``'s lock for the block. Held by another live writer: a UserError naming it, or with
-    ``wait``, wait until it is released (``say`` gets one line first). ``say`` also gets the line when a dead
-    holder's lock is taken over."""
-    path = directory / NAME
-    me = {
+def _me() -> dict:
+    return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "since": time.time(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
     }
+
+
+@contextlib.contextmanager
+def locked(
+    directory: Path | str, what: str, *, wait: bool = False, say: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold ``directory``'s lock for the block. Held by another live writer: a UserError naming it, or with
+    ``wait``, wait until it is released (``say`` gets one line first). ``say`` also gets the line when a dead
+    holder's lock is taken over. A gs:// ``directory``: the bucket's lock object."""
+    if paths.is_remote(directory):
+        with _bucket_locked(str(directory), what, wait=wait, say=say):
+            yield
+        return
+    path = directory / NAME
+    me = _me()
     said = False
     while True:
         directory.mkdir(parents=True, exist_ok=True)  # again each time: a failed holder may have removed it
@@ -117,3 +131,41 @@ def locked(
         with contextlib.suppress(OSError):
             path.unlink()  # before unlocking: a writer that opened it meanwhile sees the inode change and retries
         os.close(fd)
+
+
+def _bucket_holder(url: str) -> dict | None:
+    """The lock object's holder; None when there is no object (released meanwhile)."""
+    try:
+        return json.loads(paths.read_bytes(url) or b"{}")
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+
+
+@contextlib.contextmanager
+def _bucket_locked(directory: str, what: str, *, wait: bool, say: Callable[[str], None] | None) -> Iterator[None]:
+    url = paths.join(directory, NAME)
+    me = _me()
+    said = False
+    while not paths.create_bytes(url, json.dumps(me).encode()):
+        old = _bucket_holder(url)
+        if old is None:
+            continue
+        if old.get("host") == me["host"] and not _alive(old.get("pid", -1)):
+            if say:
+                say(f"lock: took over {url} from {_who(old)}, which is no longer running")
+            paths.remove(url)
+            continue
+        if not wait:
+            raise _refusal(what, url, old)
+        if not said and say:
+            say(f"waiting for {what} {directory}: in use by {_who(old)}")
+        said = True
+        time.sleep(WAIT_POLL_S)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # a lock deleted by hand (or taken over) is not ours to remove
+            if _bucket_holder(url) == me:
+                paths.remove(url)

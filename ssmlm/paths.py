@@ -173,3 +173,13 @@ def remove(url: str, recursive: bool = False) -> None:
     fs = filesystem(url)
     if fs.exists(_key(url)):
         fs.rm(_key(url), recursive=recursive)
+
+
+def create_bytes(url: str, data: bytes) -> bool:
+    """Write the object only if there is none yet (GCS's precondition ifGenerationMatch=0, checked by the server,
+    so of two writers exactly one creates it); False when it exists."""
+    try:
+        filesystem(url).pipe_file(_key(url), data, mode="create")
+    except FileExistsError:
+        return False
+    return True

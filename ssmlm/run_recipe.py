@@ -11,12 +11,13 @@ from typing import Any
 
 import yaml
 
+from ssmlm import staging
 from ssmlm.models.config import ModelConfig
 
 
 def saved_model(run_dir: str | Path) -> dict[str, Any]:
     """The ``model:`` section of RUN/recipe.yaml as saved ({} when it has none)."""
-    raw = yaml.safe_load((Path(run_dir).expanduser() / "recipe.yaml").read_text()) or {}
+    raw = yaml.safe_load((staging.records(run_dir) / "recipe.yaml").read_text()) or {}
     return raw.get("model") or {}
 
 

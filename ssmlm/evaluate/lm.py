@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ssmlm import staging
 from ssmlm.data.lm_tasks import LM_TASKS, evaluation_tasks, function
 from ssmlm.errors import UserError
 from ssmlm.runs import Run
@@ -57,7 +58,7 @@ def evaluate_lm_task(
         gen = load_generator(run.dir)
     request = EvalRequest(data_dir, validation_file, limit, batch_size, split, entries)
     out = function(LM_TASKS[task].evaluation)(run, gen, request)
-    return {"run": str(run.dir), "task": task, "split": split, "step": gen.step, "limit": limit, **out}
+    return {"run": staging.location(run.dir), "task": task, "split": split, "step": gen.step, "limit": limit, **out}
 
 
 def phonebook(run: Run, gen, request: EvalRequest) -> dict:
@@ -118,7 +119,7 @@ def _harness(run: Run, task: str, include_path: str | None, limit: int | None, b
                 metrics[f"{name}/{k.split(',')[0]}"] = float(v)
     step = int(run.load_model()[1]["step"])
     return {
-        "run": str(run.dir),
+        "run": staging.location(run.dir),
         "task": "lm-eval",
         "split": "harness",
         "step": step,

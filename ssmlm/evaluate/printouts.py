@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from ssmlm import paths, staging
+
 
 def print_plan(p: dict) -> None:
     """A dry run's plan (ssmlm.train.plan): the model's size, its FLOPs and the memory it needs."""
@@ -98,7 +100,8 @@ def write_result(result: dict, path: Path | None, run, entries: tuple[int, int] 
     path.write_text(json.dumps(result, indent=2))
     from ssmlm.evaluate.terminal import metric_text, titled
 
-    t = titled(f"{result['task']} / {result['split']} — {run.dir} (step {result['step']})")
+    where = staging.location(run.dir)  # a run in a bucket: its URL, not the staging folder's
+    t = titled(f"{result['task']} / {result['split']} — {where} (step {result['step']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k, v in result["metrics"].items():
@@ -106,13 +109,19 @@ def write_result(result: dict, path: Path | None, run, entries: tuple[int, int] 
             t.add_row(k, metric_text(k, v))
     Console().print(t)
     also = [result[k] for k in ("submission", "predictions") if result.get(k)]
-    typer.echo(f"wrote {path}" + "".join(f" and {p}" for p in also))
+    shown = where + str(path)[len(str(run.dir)) :] if str(path).startswith(str(run.dir)) else str(path)
+    typer.echo(f"wrote {shown}" + "".join(f" and {p}" for p in also))
 
 
-def write_seeds(over_seeds: dict, path: Path) -> None:
-    """Write ssmlm.experiment.stats.over_seeds' result (RUN-seeds.json) and print each final metric's spread."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(over_seeds, indent=2))
+def write_seeds(over_seeds: dict, path: Path | str) -> None:
+    """Write ssmlm.experiment.stats.over_seeds' result (RUN-seeds.json; a gs:// URL: the object) and print each
+    final metric's spread."""
+    text = json.dumps(over_seeds, indent=2)
+    if paths.is_remote(path):
+        paths.write_bytes(str(path), text.encode())
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     for k, v in over_seeds["final"].items():
         typer.echo(f"{k}: {v['mean']:.4f} ± {v['std']:.4f} over {len(over_seeds['seeds'])} seeds (final)")
     typer.echo(f"wrote {path}")

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ssmlm import objectives
+from ssmlm import objectives, staging
 from ssmlm.data.preprocess import FORMAT_VERSION, preprocess, read_metadata
 from ssmlm.errors import UserError
 from ssmlm.evaluate.runner import predictions, run_eval
@@ -112,7 +112,7 @@ def evaluate(
         )
     with activity(f"loading {run.dir}"):
         model, meta = run.load_model()
-    result = {"run": str(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
+    result = {"run": staging.location(run.dir), "arch": run.recipe.model.arch, "split": split, "step": meta["step"]}
     if run.kind == "finetune":
         base = run.recipe.task
         task = recipe_task or base

@@ -28,6 +28,7 @@ import jax
 import yaml
 from flax import nnx
 
+from ssmlm import staging
 from ssmlm.errors import CheckpointError, UserError
 from ssmlm.models import build_pretraining_model, flops
 from ssmlm.models.config import FAMILIES, ModelConfig, fields_of
@@ -84,7 +85,9 @@ def random_init_text(source: str | Path | None) -> str:
 
 
 def open_run(path: str | Path) -> Run:
-    d = Path(path).expanduser()
+    """A run directory, or a run in a bucket (gs://…: its records read from a local copy, its checkpoints
+    from the bucket)."""
+    d = staging.records(path)
     if not (d / "run.json").is_file() or not (d / "recipe.yaml").is_file():
         raise CheckpointError(f"{path}: not an ssmlm run directory (expected run.json and recipe.yaml)")
     for name in ("recipe.yaml", "run.json"):  # each one's damage named with its file

@@ -10,6 +10,10 @@ not fit) is reported in one line and the next older one is used. A broken checkp
 read-only commands leave it where it is; a resumed run moves it to RUN/broken-checkpoints/ so that
 training can write that step again. A save cut short (a kill while Orbax wrote <step>.orbax-checkpoint-tmp) is
 removed when training starts again, with one line saying so.
+
+A run staged from a bucket (ssmlm.staging) keeps its checkpoints there: Orbax reads and writes gs://…/checkpoints
+itself (through TensorStore), every process its own shards, so they are never copied to local disk. GCS has no
+rename, so there Orbax marks a finished save with a commit_success.txt file in its step folder instead.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ import logging
 import re
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
 
+from ssmlm import paths, staging
 from ssmlm.errors import CheckpointError, reason
 from ssmlm.models.layout import to_layout
 
@@ -119,6 +126,28 @@ def _quiet_failed_saves() -> None:
     sys.unraisablehook = hook
 
 
+def checkpoints_dir(run_dir: Path):
+    """A run's checkpoints/ folder as Orbax takes it: absolute, or the bucket's for a staged run."""
+    url = staging.checkpoints_url(run_dir)
+    if url is None:
+        return (Path(run_dir) / "checkpoints").resolve()  # Orbax needs absolute paths
+    paths.filesystem(url)  # TensorStore pointed at the same server as gcsfs, before Orbax touches the bucket
+    return epath.Path(url)
+
+
+def _committed(step_dir) -> bool:
+    if not (step_dir.name.isdigit() and step_dir.is_dir()):
+        return False
+    return isinstance(step_dir, Path) or (step_dir / "commit_success.txt").exists()
+
+
+def _rmtree(path) -> None:
+    if isinstance(path, Path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.rmtree(missing_ok=True)
+
+
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written; the message says which step was kept and how to go on."""
 
@@ -186,7 +215,8 @@ class Checkpoints:
     def __init__(self, run_dir: Path, keep: int = 2, best: str | None = None, kept_steps=()):
         """Keep the newest ``keep`` checkpoints besides those at ``kept_steps`` (never deleted), plus the best one
         by validation metric ``best`` (lower is better for losses and perplexity, higher for everything else)."""
-        self.dir = (Path(run_dir) / "checkpoints").resolve()  # Orbax needs absolute paths
+        self.run_dir = run_dir
+        self.dir = checkpoints_dir(run_dir)
         self.best = best
         policy = NewestBesides(keep, frozenset(kept_steps))
         if best:
@@ -199,6 +229,11 @@ class Checkpoints:
                     ),
                 ]
             )
+        self._rotation = None
+        if not isinstance(self.dir, Path):
+            # Orbax 0.12.8 deadlocks deleting a step in a bucket (its step lookup runs fsspec's sync calls inside
+            # its own event loop), so there it deletes none and the steps the policy lets go are removed here
+            self._rotation, policy = NewestBesides(keep, frozenset(kept_steps)), NewestBesides(10**9)
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
         _quiet_unfinished_saves()
         _quiet_failed_saves()
@@ -219,7 +254,7 @@ class Checkpoints:
         if jax.process_index() != 0 or not self.dir.is_dir():
             return
         for path in sorted(self.dir.glob(f"*{UNFINISHED}*")):
-            shutil.rmtree(path, ignore_errors=True)
+            _rmtree(path)
             _removed_unfinished(path.name.split(".")[0])
 
     def save(self, step: int, params, opt_state, meta: dict, eval_metrics: dict | None = None, controller=None) -> None:
@@ -237,6 +272,8 @@ class Checkpoints:
         with self._writing(step):
             self.mgr.save(step, args=args, force=True, metrics=metrics)
         self._in_flight = step
+        if jax.process_index() == 0:
+            staging.sync(self.run_dir)  # a staged run's records, as far as this checkpoint
 
     @contextlib.contextmanager
     def _writing(self, step: int | None):
@@ -257,6 +294,17 @@ class Checkpoints:
         if step is not None and step not in self.committed_steps():
             self._in_flight = step
             self._raise_failed(step, self._failures.error)
+        if step is not None and self._rotation is not None and jax.process_index() == 0:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """In a bucket: remove the committed steps the keep policy lets go (the best one by ``best`` stays)."""
+        steps = [dataclasses.make_dataclass("Info", ["step"])(s) for s in self.committed_steps()]
+        best = self.best_step()
+        for info, keep in zip(steps, self._rotation.should_preserve(steps), strict=True):
+            if not keep and info.step != best:
+                paths.remove(str(self.dir / str(info.step)), recursive=True)
+        self.mgr.reload()
 
     def _raise_failed(self, step: int | None, e: BaseException | None):
         self._in_flight, self._failed = None, True
@@ -273,7 +321,7 @@ class Checkpoints:
         """The steps whose checkpoint is complete on disk (Orbax commits a save by renaming its folder)."""
         if not self.dir.is_dir():
             return []
-        return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and p.is_dir())
+        return sorted(int(p.name) for p in self.dir.iterdir() if _committed(p))
 
     def poll(self) -> None:
         """Without waiting: raise if the save in flight has failed (checked between steps, so a full disk stops
@@ -322,6 +370,10 @@ class Checkpoints:
     def _set_aside(self, step: int) -> Path | None:
         if jax.process_index() != 0:  # one process moves it, on a shared file system
             return None
+        if not isinstance(self.dir, Path):  # in the bucket: moved there (GCS copies each object)
+            dest = f"{self.dir.parent}/broken-checkpoints/{step}.{int(time.time())}"
+            paths.filesystem(dest).mv(str(self.dir / str(step)).split("://", 1)[1], dest.split("://", 1)[1], True)
+            return dest
         dest_root = self.dir.parent / "broken-checkpoints"
         dest_root.mkdir(exist_ok=True)
         dest = dest_root / str(step)
@@ -349,7 +401,7 @@ class Checkpoints:
 def load_params(run_dir: Path, abstract_params, step: int | None = None):
     """Parameters (and the manifest) of a run's newest usable (or given) checkpoint, without optimizer state.
     Nothing is moved or written: a broken newer checkpoint is reported and skipped."""
-    ckpt_dir = (Path(run_dir) / "checkpoints").resolve()
+    ckpt_dir = checkpoints_dir(run_dir)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no checkpoints/ directory; is this an ssmlm run directory?")
     # Read onto this process's first device, whatever mesh wrote the checkpoint.

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from ssmlm import staging
 from ssmlm.checks import checkpoint_step
 from ssmlm.errors import Diverged, UserError
 from ssmlm.hosts import check_shared, lost
@@ -152,14 +153,14 @@ def drive(
     shared_locations(run_dir)
     lead = jax.process_index() == 0
     # one writer per run: a second start of it is refused before any data work (process 0 writes the run for all)
-    lock = locked(run_dir, "run", say=_say) if lead else contextlib.nullcontext()
+    lock = locked(staging.url_of(run_dir) or run_dir, "run", say=_say) if lead else contextlib.nullcontext()
     with removed_on_failure(run_dir), lock:
         source = source_run(recipe, kind, init, quiet)
         of_source = parts_for(kind, source.recipe.model.arch) if source is not None else None
         parts = own or of_source
         work = parts.prepare(recipe, kind, source, quiet)
         if init == "random":  # the manifest says so; the source named is the architecture's (None: the recipe's)
-            work.info.update(init="random", source=str(source.dir) if recipe.train.init_from else None)
+            work.info.update(init="random", source=staging.location(source.dir) if recipe.train.init_from else None)
         stage = work.stage
         stage.hooks = [*stage.hooks, *(hooks or [])]
         try:

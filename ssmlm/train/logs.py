@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from ssmlm import staging
 from ssmlm.errors import UserError
 from ssmlm.runs import atomic_write
 from ssmlm.train.hooks import emit
@@ -67,6 +68,7 @@ class MetricsLog:
             f.write(line)
         if self.size is not None:
             self.size += len(line)
+        staging.sync(self.path.parent, at_most_every_s=staging.LOG_SYNC_S)  # a run in a bucket: now and then
         emit(self.listeners, "on_record", record)
 
 

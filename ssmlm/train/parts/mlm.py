@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ssmlm import objectives
+from ssmlm import objectives, staging
 from ssmlm.data.loader import Batches, TokenRows, eval_batches
 from ssmlm.data.preprocess import packing_note, read_metadata
 from ssmlm.errors import UserError
@@ -93,7 +93,7 @@ def prepare(recipe: Recipe, kind: str, source: Run | None, quiet: bool) -> Work:
         },
         predictions_per_row=objective.predictions,
     )
-    info = {"kind": kind, "data_dir": str(data_dir), "source": str(source.dir) if source else None}
+    info = {"kind": kind, "data_dir": str(data_dir), "source": staging.location(source.dir) if source else None}
     if source is not None:
         info["init_step"] = init_step  # the source's checkpoint loaded
     warnings = recorded(packing_note(meta))  # preprocessed() printed it

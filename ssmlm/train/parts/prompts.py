@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ssmlm import staging
 from ssmlm.data.finetune_task import check_train_file
 from ssmlm.data.lm_tasks import LM_TASKS, finetuning_tasks, function
 from ssmlm.errors import UserError
@@ -120,7 +121,7 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
     )
     info = {
         "kind": "finetune",
-        "source": str(source.dir),
+        "source": staging.location(source.dir),
         "init_step": init_step,  # the source's checkpoint loaded (None: no weights, init random)
         "task": recipe.task.name,
         "head": "lm",

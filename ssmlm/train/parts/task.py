@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 
+from ssmlm import staging
 from ssmlm.data.loader import ArrayTable, Batches, eval_batches
 from ssmlm.errors import UserError
 from ssmlm.objectives.tasks import HEADS, Prepared, task_batch
@@ -90,7 +91,7 @@ def prepare(recipe: Recipe, kind: str, source: Run, quiet: bool) -> Work:
     )
     info = {
         "kind": "finetune",
-        "source": str(source.dir),
+        "source": staging.location(source.dir),
         "init_step": init_step,  # the source's checkpoint loaded (None: no weights, init random)
         "task": td.name,
         "head": td.head,
