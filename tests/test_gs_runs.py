@@ -41,7 +41,6 @@ def recipe(tmp_path, corpus_file, bucket):
     )
 
 
-@pytest.mark.skip(reason="hangs: Orbax 0.12.8's second save to gs:// waits forever on a gcsfs call (under study)")
 def test_a_run_in_a_bucket_resumes_there_as_if_never_stopped(recipe, bucket, tmp_path):
     os.chdir(tmp_path)
     before = staged_folders()
@@ -96,3 +95,32 @@ def test_a_bucket_out_dir_that_cannot_be_used_is_one_line(tmp_path, corpus_file,
     r = invoke("pretrain", recipe, "--set", "train.out_dir=gs://no-such-bucket-x/runs", code=2)
     assert "bucket gs://no-such-bucket-x does not exist" in r.output
     assert not any(p.name.startswith("gs") for p in tmp_path.iterdir())
+
+
+def test_the_commands_that_read_a_run_read_it_in_the_bucket(tmp_path, corpus_file, bucket):
+    """evaluate, analyze report and finetune --ckpt on a run that lives only in the bucket; their outputs land
+    there too, and nothing but the cwd's own files stays local."""
+    out = f"{bucket.url}/runs"
+    recipe = tiny_recipe(
+        tmp_path / "r.yaml",
+        corpus_file,
+        data={"validation_fraction": 0.2},
+        train={"steps": 3, "batch_size": 4, "checkpoint_every": 0, "out_dir": out},
+    )
+    os.chdir(tmp_path)
+    before = staged_folders()
+    invoke("pretrain", recipe, "--name", "base", "-q")
+    invoke("evaluate", "--ckpt", f"{out}/base")
+    assert json.loads(paths.read_bytes(f"{out}/base/eval/mlm-validation.json"))["step"] == 3
+    invoke("analyze", "report", "--ckpt", f"{out}/base")
+    assert "runs/base/analysis/index.html" in bucket.keys("runs/base")
+    ft = ["--set", "train.steps=2", "--set", "train.batch_size=4", "--set", f"train.out_dir={out}", "-q"]
+    invoke("finetune", "--ckpt", f"{out}/base", "--task", "builtin-order", *ft)
+    info = json.loads(paths.read_bytes(f"{out}/base-builtin-order/run.json"))
+    assert info["source"] == f"{out}/base"
+    assert "runs/base-builtin-order/summary.json" in bucket.keys("runs/base-builtin-order")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "r.yaml"]
+    from ssmlm import staging
+
+    # left: only the read-only copy of the source's records, which the process removes when it exits
+    assert staged_folders() - before <= {str(p.parent) for p in staging._fetched.values()}

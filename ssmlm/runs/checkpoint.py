@@ -141,6 +141,16 @@ def _committed(step_dir) -> bool:
     return isinstance(step_dir, Path) or (step_dir / "commit_success.txt").exists()
 
 
+def _committed_in_bucket(url: str) -> list[int]:
+    """The committed steps of a bucket's checkpoints/ (listed afresh: another host may have written since)."""
+    steps = set()
+    for key in paths.listing(url):
+        parts = key[len(url.rstrip("/")) + 1 :].split("/")
+        if len(parts) == 2 and parts[0].isdigit() and parts[1] == "commit_success.txt":
+            steps.add(int(parts[0]))
+    return sorted(steps)
+
+
 def _rmtree(path) -> None:
     if isinstance(path, Path):
         shutil.rmtree(path, ignore_errors=True)
@@ -229,11 +239,6 @@ class Checkpoints:
                     ),
                 ]
             )
-        self._rotation = None
-        if not isinstance(self.dir, Path):
-            # Orbax 0.12.8 deadlocks deleting a step in a bucket (its step lookup runs fsspec's sync calls inside
-            # its own event loop), so there it deletes none and the steps the policy lets go are removed here
-            self._rotation, policy = NewestBesides(keep, frozenset(kept_steps)), NewestBesides(10**9)
         opts = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True, preservation_policy=policy)
         _quiet_unfinished_saves()
         _quiet_failed_saves()
@@ -294,17 +299,6 @@ class Checkpoints:
         if step is not None and step not in self.committed_steps():
             self._in_flight = step
             self._raise_failed(step, self._failures.error)
-        if step is not None and self._rotation is not None and jax.process_index() == 0:
-            self._rotate()
-
-    def _rotate(self) -> None:
-        """In a bucket: remove the committed steps the keep policy lets go (the best one by ``best`` stays)."""
-        steps = [dataclasses.make_dataclass("Info", ["step"])(s) for s in self.committed_steps()]
-        best = self.best_step()
-        for info, keep in zip(steps, self._rotation.should_preserve(steps), strict=True):
-            if not keep and info.step != best:
-                paths.remove(str(self.dir / str(info.step)), recursive=True)
-        self.mgr.reload()
 
     def _raise_failed(self, step: int | None, e: BaseException | None):
         self._in_flight, self._failed = None, True
@@ -318,7 +312,10 @@ class Checkpoints:
         ) from None
 
     def committed_steps(self) -> list[int]:
-        """The steps whose checkpoint is complete on disk (Orbax commits a save by renaming its folder)."""
+        """The steps whose checkpoint is complete on disk (Orbax commits a save by renaming its folder; in a bucket,
+        where a rename is a copy, by writing its commit_success.txt last)."""
+        if not isinstance(self.dir, Path):
+            return _committed_in_bucket(str(self.dir))
         if not self.dir.is_dir():
             return []
         return sorted(int(p.name) for p in self.dir.iterdir() if _committed(p))
