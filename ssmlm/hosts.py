@@ -164,9 +164,10 @@ def agreed_stop(step: int) -> bool:
     return multihost_utils.reached_preemption_sync_point(step)
 
 
-def lost(e: Exception) -> UserError:
+def lost(e: Exception) -> UserError | None:
     """A collective that failed under several hosts (a peer's connection closed: it died or was killed), as one
-    line naming the hosts that no longer answer a roll call (ROLL_CALL_S)."""
+    line naming the hosts that no longer answer a roll call (ROLL_CALL_S); None when every host answers (then
+    the failure is not a lost host's)."""
     me, n = count()
     client = _client()
     _calls["lost"] = k = _calls.get("lost", 0) + 1
@@ -174,7 +175,7 @@ def lost(e: Exception) -> UserError:
     try:
         client.key_value_set(f"{key}/{me}", "1")
         client.wait_at_barrier(f"ssmlm/lost/{k}", int(ROLL_CALL_S * 1000), None)
-        who = "no host stopped"
+        return None
     except Exception as roll:
         who = f"{_missing(client, key, n, me, roll)} stopped"
     return UserError(f"{who} during training: {reason(e)}; host {me} stops too (resume from the newest checkpoint)")

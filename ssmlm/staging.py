@@ -83,6 +83,8 @@ def sync(run_dir: str | Path, at_most_every_s: float = 0.0) -> None:
     url = url_of(run_dir) if not paths.is_remote(run_dir) else None
     if url is None:
         return
+    if _host() != 0:  # one writer of a run's records: process 0
+        return
     key = str(run_dir)
     now = time.monotonic()
     if at_most_every_s and now - _last_sync.get(key, float("-inf")) < at_most_every_s:
@@ -95,6 +97,19 @@ def sync(run_dir: str | Path, at_most_every_s: float = 0.0) -> None:
     for rel in old.keys() - state.keys():  # removed here (a record rewritten under another name): there too
         paths.remove(paths.join(url, rel))
     _synced[key], _last_sync[key] = state, now
+
+
+def refresh(run_dir: str | Path, *names: str) -> None:
+    """Download ``names`` of a staged run's records again (another host, process 0, wrote them since)."""
+    url = url_of(run_dir) if not paths.is_remote(run_dir) else None
+    for name in names if url else ():
+        paths.download(paths.join(url, name), Path(run_dir) / name)
+
+
+def _host() -> int:
+    import jax  # only once a run is staged, by then loaded
+
+    return jax.process_index()
 
 
 @contextlib.contextmanager

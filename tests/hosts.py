@@ -50,6 +50,7 @@ class Hosts:
                 "SSMLM_COORDINATOR": f"127.0.0.1:{port}",
                 "SSMLM_NUM_PROCESSES": str(n),
                 "SSMLM_PROCESS_ID": str(i),
+                "PYTHONFAULTHANDLER": "1",  # a host stopped by SIGABRT (a hang, below) prints where each thread was
                 **(env or {}),
             }
             for i in range(n)
@@ -101,12 +102,16 @@ class Hosts:
             try:
                 p.wait(max(0.1, end - time.monotonic()))
             except subprocess.TimeoutExpired:
+                for q in self.procs:  # where each hung host waits: faulthandler prints every thread's stack
+                    if q.poll() is None:
+                        os.kill(q.pid, signal.SIGABRT)
+                time.sleep(3)
                 pytest.fail(f"a host still ran after {timeout} s:\n{self.report()}")
         return [p.returncode for p in self.procs]
 
     def report(self) -> str:
         return "\n".join(
-            f"--- host {i} (exit {p.poll()}) ---\n{self.output(i)[-3000:]}" for i, p in enumerate(self.procs)
+            f"--- host {i} (exit {p.poll()}) ---\n{self.output(i)[-8000:]}" for i, p in enumerate(self.procs)
         )
 
     def errors(self, i: int) -> list[str]:

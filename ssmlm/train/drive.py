@@ -36,6 +36,7 @@ from ssmlm.runs import (
     removed_on_failure,
     sha256,
 )
+from ssmlm.runs.checkpoint import CheckpointWriteError
 from ssmlm.train import loop
 from ssmlm.train.mesh import barrier, check_batch, make_mesh, maybe_initialize_distributed
 from ssmlm.train.parts import architecture_only, best_validation, recipe_source
@@ -112,10 +113,9 @@ def shared_locations(run_dir: Path) -> None:
     data cache) are probed before any work: a host's own disk there stops every host with one line."""
     if jax.process_count() == 1:
         return
-    from ssmlm import paths
     from ssmlm.data.preprocess import ssmlm_home
 
-    if not paths.is_remote(run_dir):
+    if staging.url_of(run_dir) is None:  # a run in a bucket is shared by every host; its staging folder is not
         check_shared(Path(run_dir).parent, "the run directory's folder")
     check_shared(ssmlm_home(), "the data cache (SSMLM_HOME)")
 
@@ -165,10 +165,12 @@ def drive(
         stage.hooks = [*stage.hooks, *(hooks or [])]
         try:
             summary = _train(stage, work, run_dir, lead, quiet, stop_after)
-        except jax.errors.JaxRuntimeError as e:
-            if jax.process_count() == 1:
+        except (jax.errors.JaxRuntimeError, CheckpointWriteError) as e:
+            # another host died: its collectives (a checkpoint's commit among them) fail here at once
+            gone = lost(e) if jax.process_count() > 1 else None
+            if gone is None:
                 raise
-            raise lost(e) from None  # another host died: its collectives fail here at once
+            raise gone from None
         except Diverged as e:  # a failed run says so where a finished one keeps its numbers
             if lead and run_dir.is_dir():
                 failed = {"kind": kind, "failed": f"diverged: {e}"}
@@ -189,7 +191,10 @@ def _train(stage, work, run_dir: Path, lead: bool, quiet: bool, stop_after: int 
         shutil.copyfile(work.tokenizer, run_dir / "tokenizer.json")
         for name, text in work.files.items():
             atomic_write(run_dir / name, text)
-    barrier("run-dir", f"the run directory {run_dir} (written by host 0)")
+        staging.sync(run_dir)  # a run in a bucket: there before the other hosts look
+    barrier("run-dir", f"the run directory {staging.location(run_dir)} (written by host 0)")
+    if not lead:
+        staging.refresh(run_dir, "tokenizer.json")  # from the bucket, into this host's own staging folder
     stage.meta["tokenizer_sha256"] = sha256(run_dir / "tokenizer.json")
     return loop.run(stage, work.recipe, run_dir, quiet=quiet, stop_after=stop_after)
 

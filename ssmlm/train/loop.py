@@ -206,7 +206,11 @@ def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Lau
             launch.update(state.step)
             ctrl_c.at_step(state.step)
     except UserError:
-        ctx.ckpt.close()
+        ctx.ckpt.close(wait=jax.process_count() == 1)  # several hosts: one may be gone, and its barrier never met
+        raise
+    except Exception:  # a collective failed (another host died): leave the save in flight, as above
+        if jax.process_count() > 1:
+            ctx.ckpt.close(wait=False)
         raise
     except Stopped:  # during the first step: nothing to save
         ctx.ckpt.close()

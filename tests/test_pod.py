@@ -1,0 +1,67 @@
+"""A pod on one machine: two real hosts, each with a disk of its own (tests/hosts.py: private mount namespaces),
+keep their run in a bucket (the local GCS server of tests/conftest.py). They train, one is SIGKILLed mid-run and
+the other stops with one line, and the same command resumes from the bucket to the losses and parameters of a
+one-process run."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import invoke, tiny_recipe
+from flax import nnx
+from hosts import Hosts, require_unshare
+
+from ssmlm import paths
+from ssmlm.runs import open_run
+
+
+def losses(url: str) -> dict[int, float]:
+    rows = [json.loads(ln) for ln in paths.read_bytes(paths.join(url, "metrics.jsonl")).decode().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "split" not in r and "loss" in r}
+
+
+def committed(bucket, run: str, step: int) -> bool:
+    return f"runs/{run}/checkpoints/{step}/commit_success.txt" in bucket.keys(f"runs/{run}/checkpoints")
+
+
+@pytest.mark.slow  # two 2-host runs and a reference (~1-2 min on two cores); .ci/run runs it with -m slow
+def test_two_hosts_without_a_shared_disk_survive_a_killed_host_and_resume_from_the_bucket(
+    tmp_path, corpus_file, bucket
+):
+    require_unshare()
+    out = f"{bucket.url}/runs"
+    recipe = tiny_recipe(
+        tmp_path / "r.yaml",
+        corpus_file,
+        model={"dropout": 0.0},
+        train={"steps": 12, "checkpoint_every": 4, "log_every": 1, "out_dir": out},
+    )
+    os.chdir(tmp_path)
+    invoke("pretrain", recipe, "--name", "single", "-q")
+    disk = tmp_path / "disk"  # each host's own folder behind this path: its cwd, nothing shared but the bucket
+    env = {"SSMLM_HEARTBEAT_TIMEOUT": "300", "SSMLM_HOME": os.environ["SSMLM_HOME"]}
+    args = ["pretrain", recipe, "--name", "multi", "-q"]
+    with Hosts(tmp_path, 2, env=env) as h:
+        h.start(args, private=disk, cwd=disk)
+        h.until(lambda: committed(bucket, "multi", 4), 300, "the step-4 checkpoint in the bucket")
+        h.signal(1, 9)  # SIGKILL: no word to anyone
+        rc = h.wait(180)
+        assert rc[0] not in (0, None) and rc[1] == -9, h.report()
+        (line,) = h.errors(0)
+        assert line.startswith("error: host 1 stopped"), h.report()
+    assert not any(p.is_file() for p in (tmp_path / "disk.host0").rglob("*") if p.suffix in (".npy", ".ocdbt"))
+    with Hosts(tmp_path, 2, env=env) as h:  # the same command, resumed from the bucket
+        h.start(args, private=disk, cwd=disk)
+        assert h.wait(300) == [0, 0], h.report()
+        assert "resuming" in h.output(0), h.report()
+    single, multi = losses(f"{out}/single"), losses(f"{out}/multi")
+    assert sorted(multi) == sorted(single) == list(range(1, 13))
+    np.testing.assert_allclose([multi[s] for s in single], [single[s] for s in single], rtol=1e-5)
+    a, _ = open_run(f"{out}/single").load_model()
+    b, _ = open_run(f"{out}/multi").load_model()
+    for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+    launches = json.loads(paths.read_bytes(f"{out}/multi/launches.json"))["launches"]
+    assert [x["start_step"] for x in launches][-1] >= 4
