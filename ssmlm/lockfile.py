@@ -148,7 +148,7 @@ def _bucket_locked(directory: str, what: str, *, wait: bool, say: Callable[[str]
     url = paths.join(directory, NAME)
     me = _me()
     said = False
-    while not paths.create_bytes(url, json.dumps(me).encode()):
+    while not paths.create(url, json.dumps(me).encode()):
         old = _bucket_holder(url)
         if old is None:
             continue

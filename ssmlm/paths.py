@@ -175,9 +175,24 @@ def remove(url: str, recursive: bool = False) -> None:
         fs.rm(_key(url), recursive=recursive)
 
 
-def create_bytes(url: str, data: bytes) -> bool:
-    """Write the object only if there is none yet (GCS's precondition ifGenerationMatch=0, checked by the server,
-    so of two writers exactly one creates it); False when it exists."""
+def objects(url: str) -> dict[str, dict]:
+    """url -> info (``size``, ``generation``) of every object a glob pattern matches, or of the one object named, or
+    of every object under a folder URL, from one listing; {} when there is none."""
+    fs = filesystem(url)
+    fs.invalidate_cache()
+    key = _key(url)
+    found = fs.glob(key, detail=True) if any(c in key for c in "*?[") else fs.find(key.rstrip("/"), detail=True)
+    return {f"gs://{k}": i for k, i in found.items() if i.get("type") != "directory"}
+
+
+def open_url(url: str, mode: str = "rb", **kwargs):
+    """An object opened as a file (fsspec: read in blocks as it is consumed, so memory stays bounded)."""
+    return filesystem(url).open(_key(url), mode, **kwargs)
+
+
+def create(url: str, data: bytes) -> bool:
+    """Write ``data`` to ``url`` only if no object is there (GCS's ifGenerationMatch=0 precondition: of writers
+    racing, exactly one wins); False when one already was."""
     try:
         filesystem(url).pipe_file(_key(url), data, mode="create")
     except FileExistsError:

@@ -11,6 +11,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HOME", os.path.join(_TMP, "hf"))
 os.environ.setdefault("SSMLM_HOME", os.path.join(_TMP, "ssmlm"))
+os.environ.setdefault("SSMLM_LOCAL_CACHE", os.path.join(_TMP, "ssmlm-local"))  # copies of bucket data
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_TMP, "jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

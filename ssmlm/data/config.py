@@ -23,6 +23,10 @@ class DataConfig:
     max_documents: int | None = None  # cap on documents read (None: all)
     # .txt files: cut away Project Gutenberg's header and licence (its START/END markers) before anything reads them
     strip_gutenberg: bool = True
+    # how the preprocessing cache knows a local corpus: stat = each file's path, size and modification time (instant);
+    # content = each file's name, size and a hash of its first and last MiB (hosts with their own copies of the corpus
+    # agree whatever the copies' times). A corpus in a bucket is known by its objects' generations either way
+    corpus_key: Literal["stat", "content"] = "stat"
     tokenizer: str = "train"  # 'train' one on the corpus, or a vocab.txt / tokenizer.json path
     # wordpiece (the encoders'), or byte_bpe: a lossless byte-level BPE with the LM reserved tokens (LM recipes)
     tokenizer_type: Literal["wordpiece", "byte_bpe"] = "wordpiece"

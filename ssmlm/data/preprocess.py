@@ -32,17 +32,27 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from rich.text import Text
 
+from ssmlm import paths
 from ssmlm.data.books import SPLIT_ABOVE
 from ssmlm.data.config import DataConfig
 from ssmlm.data.packing import pack, rows_to_array
-from ssmlm.data.shards import file_checksum, row_dtype, save_atomic, shard_files, shard_name, write_json_atomic
-from ssmlm.data.sources import Document, corpus_fingerprint, corpus_name, open_corpus
+from ssmlm.data.shards import (
+    file_checksum,
+    remember,
+    row_dtype,
+    save_atomic,
+    shard_files,
+    shard_name,
+    unverified,
+    write_json_atomic,
+)
+from ssmlm.data.sources import Document, corpus_fingerprint, corpus_name, local_cache, open_corpus
 from ssmlm.data.tokenizer import (
     is_lm_tokenizer,
     lm_special_ids,
@@ -85,8 +95,87 @@ FILL_WARN = 0.85  # rows less filled than this waste that much compute on paddin
 ENCODE_CHARS = 4 << 20  # text per encode_batch call: enough lines to keep every core busy, few MB of Encodings
 
 
-def ssmlm_home() -> Path:
-    return Path(os.environ.get("SSMLM_HOME", Path.home() / ".cache" / "ssmlm")).expanduser()
+def ssmlm_home() -> Path | str:
+    """SSMLM_HOME: a local folder, or a gs:// URL (the preprocessed data then lives in the bucket)."""
+    home = os.environ.get("SSMLM_HOME")
+    if paths.is_remote(home):
+        return home.rstrip("/")
+    return Path(home or Path.home() / ".cache" / "ssmlm").expanduser()
+
+
+@dataclass
+class Store:
+    """Where a dataset's finished files count as written: its local folder ``out``, or with a cache in a bucket
+    (``url``) the bucket, ``out`` then holding this host's copies (written here and uploaded, or downloaded). In a
+    bucket a shard's files are uploaded before its marker and metadata.json last, so what the markers and
+    metadata.json name is there whole; every host finds the others' work there, never on a shared disk."""
+
+    out: Path
+    url: str | None = None
+
+    def done(self, rel: str) -> bool:
+        """Whether ``rel`` is written; a bucket's copy is fetched into ``out`` (replacing a local one)."""
+        if self.url is None:
+            return (self.out / rel).is_file()
+        try:
+            paths.info(paths.join(self.url, rel))  # not a cached listing: another host may have written it since
+        except FileNotFoundError:
+            return False
+        self.fetch(rel)
+        return True
+
+    def fetch(self, rel: str) -> Path:
+        dest = self.out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.download")
+        paths.download(paths.join(self.url, rel), tmp)
+        os.replace(tmp, dest)
+        return dest
+
+    def publish(self, *rels: str) -> None:
+        """Upload ``rels`` from ``out`` to the bucket, in order (nothing to do for a local dataset)."""
+        for rel in rels if self.url else ():
+            paths.upload(self.out / rel, paths.join(self.url, rel))
+
+    def pull(self, meta: dict) -> None:
+        """This host's copies of the tokenizer and of every shard file, each checked against metadata.json's
+        checksum: a missing, torn or changed local copy is downloaded again; a bucket copy whose bytes differ
+        from what preprocessing wrote stops the run in one line."""
+        if self.url is None:
+            return
+        if not (self.out / "tokenizer.json").is_file():
+            self.fetch("tokenizer.json")
+        expected = {rel: d for s in meta["shards"] for rel, d in s.get("checksums", {}).items()}
+        for rel in unverified(self.out, expected):
+            path = self.fetch(rel)
+            if file_checksum(path) != expected[rel]:
+                path.unlink()
+                raise DataError(
+                    f"{paths.join(self.url, rel)}: shard checksum mismatch (the bucket's copy changed after "
+                    f"preprocessing); remove {self.url} to rebuild the dataset (the next run or `ssmlm preprocess` "
+                    "does)"
+                )
+            st = path.stat()
+            remember(self.out, {rel: [st.st_size, st.st_mtime_ns, expected[rel]]})
+
+
+def dataset_store(
+    cfg: DataConfig,
+    seq_len: int,
+    out_root: Path | str | None = None,
+    layout: str = "rows",
+    chunk_chars: int = CHUNK_CHARS,
+    chunk_documents: int = CHUNK_DOCUMENTS,
+) -> tuple[Store, str]:
+    """(store, fingerprint) of the preprocessed data for these inputs: in a bucket when SSMLM_HOME (or
+    ``out_root``) is a gs:// URL, its local copies then under the local cache (SSMLM_LOCAL_CACHE)."""
+    name, fingerprint = _dataset_name(cfg, seq_len, layout, chunk_chars, chunk_documents)
+    home = ssmlm_home()
+    root = out_root or (paths.join(home, "data") if paths.is_remote(home) else home / "data")
+    if paths.is_remote(root):
+        url = paths.join(str(root), name)
+        return Store(local_cache() / "datasets" / url.split("://", 1)[1], url), fingerprint
+    return Store(Path(root) / name), fingerprint
 
 
 def _file_hash(path: str) -> str:
@@ -109,12 +198,18 @@ def shard_rng(seed: int, index: int, split: str) -> np.random.Generator:
 def output_dir(
     cfg: DataConfig,
     seq_len: int,
-    out_root: Path | None = None,
+    out_root: Path | str | None = None,
     layout: str = "rows",
     chunk_chars: int = CHUNK_CHARS,
     chunk_documents: int = CHUNK_DOCUMENTS,
 ) -> tuple[Path, str]:
-    """(directory, fingerprint) of the preprocessed data for these inputs, computed without reading the text."""
+    """(local directory, fingerprint) of the preprocessed data for these inputs, computed without reading the
+    text (with a cache in a bucket: the directory of this host's copies)."""
+    store, fingerprint = dataset_store(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
+    return store.out, fingerprint
+
+
+def _dataset_name(cfg: DataConfig, seq_len: int, layout: str, chunk_chars: int, chunk_documents: int):
     if layout not in LAYOUTS:
         raise DataError(f"preprocess layout '{layout}': expected one of {LAYOUTS}")
     key = json.dumps(
@@ -126,7 +221,12 @@ def output_dir(
             **({"split_digits": True} if cfg.split_digits else {}),
             "len": seq_len,
             "corpus": corpus_fingerprint(
-                cfg.source, cfg.text_field, cfg.split, cfg.max_documents, strip_gutenberg=cfg.strip_gutenberg
+                cfg.source,
+                cfg.text_field,
+                cfg.split,
+                cfg.max_documents,
+                strip_gutenberg=cfg.strip_gutenberg,
+                key=cfg.corpus_key,
             ),
             "tok": "train" if cfg.tokenizer == "train" else _file_hash(cfg.tokenizer),
             "layout": layout,
@@ -137,7 +237,7 @@ def output_dir(
     )
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     name = f"{corpus_name(cfg.source)}-L{seq_len}{'' if layout == 'rows' else '-docs'}-{fingerprint}"  # no glob's '*'
-    return Path(out_root or ssmlm_home() / "data") / name, fingerprint
+    return name, fingerprint
 
 
 def _after_shard(index: int) -> None:
@@ -192,25 +292,31 @@ def preprocess(
     host, n_hosts = hosts
     if not 0 <= host < n_hosts:
         raise DataError(f"preprocess hosts = {hosts}: expected (index, count) with 0 <= index < count")
-    out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
-    meta_path = out / "metadata.json"
+    store, fingerprint = dataset_store(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
+    out, meta_path = store.out, store.out / "metadata.json"
 
-    def finished() -> bool:  # a finished dataset is only read: no lock
+    def finished() -> bool:  # a finished dataset is only read: no lock. In a bucket, its metadata.json decides
+        if store.url and not store.done("metadata.json"):
+            return False
         return meta_path.is_file() and json.loads(meta_path.read_text()).get("fingerprint") == fingerprint
 
     if not finished():
         # one writer per dataset: a second one waits (two runs of one corpus started together both go on, the
-        # second reusing what the first wrote) rather than stopping. Host 0 holds it for all hosts of one job.
+        # second reusing what the first wrote) rather than stopping. Host 0 holds it for all hosts of one job. The
+        # lock is local: writers of one bucket cache on several machines write the same objects (the tokenizer is
+        # created only if absent and every writer then uses the bucket's; shards are a function of it), so they
+        # need none.
         lock = locked(out, "dataset", wait=True, say=None if quiet else _say) if host == 0 else contextlib.nullcontext()
-        with _removed_if_refused(out), lock:
+        with _removed_if_refused(store), lock:
             if not finished():
-                _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents)
+                _tokenize(cfg, seq_len, store, quiet, layout, hosts, chunk_chars, chunk_documents)
                 if host != 0:
                     return out
                 finalize(
                     cfg, seq_len, out_root, layout=layout, chunk_chars=chunk_chars, chunk_documents=chunk_documents
                 )
     meta = read_metadata(out)
+    store.pull(meta)
     for note in (packing_note(meta), validation_note(meta) if layout == "rows" else None):  # LM runs say their own
         if note and not quiet:
             console.print(note, soft_wrap=True)
@@ -234,18 +340,21 @@ def validation_note(meta: dict) -> str | None:
 
 
 @contextlib.contextmanager
-def _removed_if_refused(out: Path):
-    """The output directory, if this call creates it, is removed again when the data is refused (a UserError:
-    nothing worth resuming, and a failed attempt should leave no cache behind); an interrupted or crashed run
-    keeps it, to resume at its first unfinished shard."""
-    created = not out.exists()
+def _removed_if_refused(store: Store):
+    """The output directory (and its bucket folder), if this call creates it, is removed again when the data is
+    refused (a UserError: nothing worth resuming, and a failed attempt should leave no cache behind); an interrupted
+    or crashed run keeps it, to resume at its first unfinished shard."""
+    created = not store.out.exists()
+    created_remote = store.url is not None and not paths.listing(store.url)
     try:
         yield
     except Interrupted:
         raise
     except UserError:
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(store.out, ignore_errors=True)
+        if created_remote:
+            paths.remove(store.url, recursive=True)
         raise
 
 
@@ -277,14 +386,15 @@ def full_fill(seq_len: int, short_seq_prob: float) -> float:
     return (mean_target + 2) / seq_len
 
 
-def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_documents) -> None:
-    """Tokenise (and pack) this host's unfinished chunks into ``out``; the chunk count goes to shards/count.json."""
+def _tokenize(cfg, seq_len, store, quiet, layout, hosts, chunk_chars, chunk_documents) -> None:
+    """Tokenise (and pack) this host's unfinished chunks into ``store``; the chunk count goes to shards/count.json."""
     host, n_hosts = hosts
+    out = store.out
     for d in (out / "shards", *(out / s for s in SPLITS)):
         d.mkdir(parents=True, exist_ok=True)
     # training the tokenizer reads the corpus first: that pass says what reading did to the files (split, stripped)
     said = not quiet and cfg.tokenizer == "train" and host == 0 and not (out / "tokenizer.json").is_file()
-    tok = _tokenizer(cfg, out, host, quiet, layout)
+    tok = _tokenizer(cfg, store, host, quiet, layout)
     ids = _special_ids(tok)
     if layout == "rows" and is_lm_tokenizer(tok):
         raise DataError(f"tokenizer '{cfg.tokenizer}': a language-model tokenizer needs the 'documents' layout")
@@ -304,10 +414,11 @@ def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_docume
             documents = pieces(stream.documents) if layout == "documents" else stream.documents
             for index, chunk in enumerate(chunks(documents, chunk_chars, chunk_documents)):
                 n_chunks = index + 1
-                marker = out / "shards" / f"{shard_name(index)}.json"
-                if index % n_hosts == host and not marker.is_file():
+                marker = f"shards/{shard_name(index)}.json"
+                if index % n_hosts == host and not store.done(marker):
                     stats = _write_shard(out, index, chunk, tok, ids, cfg, seq_len, layout, dtype)
-                    write_json_atomic(marker, stats)  # last: the shard counts as done from here on
+                    write_json_atomic(out / marker, stats)  # last: the shard counts as done from here on
+                    store.publish(*stats["checksums"], marker)
                     written += 1
                     n_tokens += stats["tokens"]
                     _after_shard(index)
@@ -323,6 +434,7 @@ def _tokenize(cfg, seq_len, out, quiet, layout, hosts, chunk_chars, chunk_docume
     if not n_chunks:
         raise DataError(f"data.source '{cfg.source}': holds no text")
     write_json_atomic(out / "shards" / "count.json", {"chunks": n_chunks})
+    store.publish("shards/count.json")
 
 
 def _corpus(cfg: DataConfig, say=None):
@@ -383,21 +495,23 @@ def _no_training_text(cfg: DataConfig, documents: int) -> str:
     )
 
 
-def _tokenizer(cfg: DataConfig, out: Path, host: int, quiet: bool = True, layout: str = "rows"):
-    """The run's tokenizer, saved in ``out`` first thing: a resumed run (and every host) uses that copy."""
-    saved = out / "tokenizer.json"
-    if not saved.is_file():
+def _tokenizer(cfg: DataConfig, store: Store, host: int, quiet: bool = True, layout: str = "rows"):
+    """The run's tokenizer, saved in the store first thing: a resumed run (and every host) uses that copy."""
+    saved = store.out / "tokenizer.json"
+    if not store.done("tokenizer.json"):
         lm = cfg.tokenizer_type == "byte_bpe"
         if cfg.tokenizer != "train":
             tok = load_lm_tokenizer(cfg.tokenizer) if lm else load_tokenizer(cfg.tokenizer, cfg.lowercase)
         elif host == 0:
             tok = _trained_tokenizer(cfg, quiet, rows=layout == "rows")
         else:  # the other hosts use host 0's tokenizer: training is not guaranteed to be bit-identical
-            wait_for(saved.is_file, f"the tokenizer {saved}")
+            wait_for(lambda: store.done("tokenizer.json"), f"the tokenizer {saved}")
             return _load_saved(saved)
         tmp = saved.with_name(f"tokenizer.json.{host}.tmp")
         tok.save(str(tmp))
         os.replace(tmp, saved)
+        if store.url and not paths.create(paths.join(store.url, "tokenizer.json"), saved.read_bytes()):
+            store.fetch("tokenizer.json")  # another machine's writer was first: its tokenizer is the dataset's
     return _load_saved(saved)
 
 
@@ -484,15 +598,20 @@ def finalize(
 ) -> Path:
     """Write metadata.json once every chunk's shard exists (waiting for other hosts' shards, polling every
     ``poll_s`` seconds; after a barrier nothing is waited for). Returns the output dir."""
-    out, fingerprint = output_dir(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
-    count = out / "shards" / "count.json"
-    wait_for(count.is_file, f"the shard count {count}", poll_s=poll_s)
-    n = json.loads(count.read_text())["chunks"]
-    markers = [out / "shards" / f"{shard_name(i)}.json" for i in range(n)]
-    written = lambda: sum(m.is_file() for m in markers)  # noqa: E731
+    store, fingerprint = dataset_store(cfg, seq_len, out_root, layout, chunk_chars, chunk_documents)
+    out = store.out
+    wait_for(lambda: store.done("shards/count.json"), f"the shard count of {out}", poll_s=poll_s)
+    n = json.loads((out / "shards" / "count.json").read_text())["chunks"]
+    waiting = [f"shards/{shard_name(i)}.json" for i in range(n)]
+
+    def all_written() -> bool:  # each host's markers, as they arrive (a marker seen once is not asked again)
+        waiting[:] = [m for m in waiting if not store.done(m)]
+        return not waiting
+
     # a host still tokenising is not a dead one: the deadline counts from the newest shard
-    wait_for(lambda: written() == n, f"the shards of {out} ({n} chunks)", progress=written, poll_s=poll_s)
-    shards = [json.loads(m.read_text()) for m in markers]
+    what = f"the shards of {out} ({n} chunks)"
+    wait_for(all_written, what, progress=lambda: len(waiting), poll_s=poll_s)
+    shards = [json.loads((out / "shards" / f"{shard_name(i)}.json").read_text()) for i in range(n)]
     for s in shards:  # a shard written before checksums existed (a resumed older run): its files as they are now
         if "checksums" not in s:
             files = [f for split in SPLITS for f in shard_files(s["files"][split], layout)]
@@ -529,6 +648,7 @@ def finalize(
         "config": asdict(cfg),
     }
     write_json_atomic(out / "metadata.json", meta)
+    store.publish("metadata.json")  # last: the dataset is finished from here on
     return out
 
 

@@ -102,32 +102,56 @@ def _verify(data_dir: Path, shards: list[dict], layout: str) -> None:
                 markup=False,
             )
         return
-    marker = data_dir / VERIFIED
+    bad = unverified(data_dir, expected)
+    if bad:
+        path = data_dir / bad[0]
+        if not path.is_file():
+            raise DataError(f"{path}: shard missing; remove {data_dir} to rebuild the dataset")
+        raise DataError(
+            f"{path}: shard checksum mismatch (its bytes changed after preprocessing); remove {data_dir} "
+            "to rebuild the dataset (the next run or `ssmlm preprocess` does)"
+        )
+
+
+def unverified(data_dir: Path, expected: dict[str, str]) -> list[str]:
+    """The files of ``expected`` (path relative to ``data_dir`` -> SHA-256) missing or whose bytes differ; those
+    that match are remembered in verified.json (not hashed again while their size and modification time stay)."""
     try:
-        verified = json.loads(marker.read_text())
+        verified = json.loads((data_dir / VERIFIED).read_text())
     except (OSError, ValueError):
         verified = {}
-    fresh = {}
+    fresh, bad = {}, []
     for rel, digest in expected.items():
         path = data_dir / rel
         try:
             st = path.stat()
         except OSError:
-            raise DataError(f"{path}: shard missing; remove {data_dir} to rebuild the dataset") from None
+            bad.append(rel)
+            continue
         seen = [st.st_size, st.st_mtime_ns, digest]
         if verified.get(rel) == seen:
             continue
         if file_checksum(path) != digest:
-            raise DataError(
-                f"{path}: shard checksum mismatch (its bytes changed after preprocessing); remove {data_dir} "
-                "to rebuild the dataset (the next run or `ssmlm preprocess` does)"
-            )
-        fresh[rel] = seen
-    if fresh:
-        try:  # a read-only dataset is still checked, only not remembered
-            write_json_atomic(marker, {**verified, **fresh})
-        except OSError:
-            pass
+            bad.append(rel)
+        else:
+            fresh[rel] = seen
+    remember(data_dir, fresh, verified)
+    return bad
+
+
+def remember(data_dir: Path, fresh: dict[str, list], verified: dict | None = None) -> None:
+    """Record files (relative path -> [size, mtime_ns, SHA-256]) as checked in ``data_dir``'s verified.json."""
+    if not fresh:
+        return
+    if verified is None:
+        try:
+            verified = json.loads((data_dir / VERIFIED).read_text())
+        except (OSError, ValueError):
+            verified = {}
+    try:  # a read-only dataset is still checked, only not remembered
+        write_json_atomic(data_dir / VERIFIED, {**verified, **fresh})
+    except OSError:
+        pass
 
 
 class TokenRows:

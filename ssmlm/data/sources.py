@@ -19,8 +19,9 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from ssmlm import paths
 from ssmlm.data.books import SPLIT_ABOVE, paragraphs, split_book, strip_gutenberg
 from ssmlm.errors import DataError, UserError
 
@@ -28,6 +29,7 @@ Document = list[str]
 Say = Callable[[str], None]
 TXT_FORMAT = 2  # how a .txt file becomes documents (in the fingerprint): 2 = long files split, Gutenberg cut
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+CONTENT_SAMPLE = 1 << 20  # data.corpus_key: content hashes a file's first and last MiB (all of a smaller one)
 
 
 @dataclass
@@ -90,7 +92,57 @@ def builtin_corpus() -> Corpus:
 # ----------------------------------------------------------------------------- local files
 
 
-def _expand(source: str) -> list[Path]:
+@dataclass(frozen=True)
+class BucketFile:
+    """One object of a corpus in a bucket, read like a local file (streamed: fsspec reads it in blocks). Its size
+    and generation (GCS's version number: any rewrite changes it) identify its text for the cache key."""
+
+    url: str
+    size: int
+    generation: str
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.url).suffix
+
+    @property
+    def stem(self) -> str:
+        return PurePosixPath(self.url).stem
+
+    def open(self, mode: str = "r", encoding: str | None = None):
+        return paths.open_url(self.url, mode, encoding=encoding)
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        with self.open("r", encoding=encoding) as f:
+            return f.read()
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _suffix_checked(files: list, source: str) -> list:
+    bad = [f for f in files if f.suffix not in LOCAL_SUFFIXES]
+    if bad:
+        raise DataError(f"{bad[0]}: unsupported file type '{bad[0].suffix}'; expected one of {sorted(LOCAL_SUFFIXES)}")
+    if not files:
+        raise DataError(f"data.source '{source}': matched no .txt/.jsonl/.csv/.parquet files")
+    return files
+
+
+def _expand_bucket(source: str) -> list[BucketFile]:
+    """A glob, a folder (every object under it of a known suffix) or one object in a bucket, from one listing."""
+    paths.check_url(source, "data.source")
+    found = paths.objects(source)
+    if not any(ch in source for ch in "*?[") and not found.get(source.rstrip("/")):
+        found = {u: i for u, i in found.items() if PurePosixPath(u).suffix in LOCAL_SUFFIXES}  # a folder
+    files = [BucketFile(u, int(i["size"]), str(i.get("generation", ""))) for u, i in sorted(found.items())]
+    return _suffix_checked(files, source)
+
+
+def _expand(source: str) -> list:
+    """The corpus's files, sorted: local Paths, or BucketFiles for a gs:// source."""
+    if paths.is_remote(source):
+        return _expand_bucket(source)
     p = Path(source).expanduser()
     if p.is_dir():
         files = [f for f in sorted(p.rglob("*")) if f.suffix in LOCAL_SUFFIXES and f.is_file()]
@@ -103,12 +155,7 @@ def _expand(source: str) -> list[Path]:
             f"data.source '{source}': no such file or directory (expected 'builtin', 'hub:NAME', "
             f"or a .txt/.jsonl/.csv/.parquet file, directory or glob)"
         )
-    bad = [f for f in files if f.suffix not in LOCAL_SUFFIXES]
-    if bad:
-        raise DataError(f"{bad[0]}: unsupported file type '{bad[0].suffix}'; expected one of {sorted(LOCAL_SUFFIXES)}")
-    if not files:
-        raise DataError(f"data.source '{source}': matched no .txt/.jsonl/.csv/.parquet files")
-    return files
+    return _suffix_checked(files, source)
 
 
 def check_source(source: str) -> None:
@@ -127,6 +174,8 @@ def check_inputs(recipe, data: bool = True, tokenizer: bool = True) -> None:
     ``tokenizer``: whether this command reads the recipe's corpus / tokenizer (finetuning uses the source run's)."""
     if data:
         check_source(recipe.data.source)
+        if paths.is_remote(home := os.environ.get("SSMLM_HOME")):  # the preprocessed data's cache in a bucket
+            paths.check_url(home, "SSMLM_HOME")
     tok = recipe.data.tokenizer
     if data and tokenizer and tok != "train" and not Path(tok).expanduser().exists():
         raise UserError(f"data.tokenizer '{tok}': no such file (expected 'train', a vocab.txt or tokenizer.json)")
@@ -136,11 +185,11 @@ def check_inputs(recipe, data: bool = True, tokenizer: bool = True) -> None:
             raise UserError(f"task.{key} '{path}': no such {'directory' if key == 'data_dir' else 'file'}")
 
 
-def json_rows(path: Path) -> Iterator[tuple[int, dict]]:
+def json_rows(path) -> Iterator[tuple[int, dict]]:
     """(line number, object) of a .jsonl file, or of a .json file holding JSON lines or one list of objects.
     Read here rather than by `datasets`, whose errors name neither the file nor the line."""
     try:
-        with path.open(encoding="utf-8-sig") as f:
+        with path.open("r", encoding="utf-8-sig") as f:
             first = f.read(4096).lstrip()
             f.seek(0)
             if path.suffix == ".json" and first.startswith("["):
@@ -275,12 +324,30 @@ def _txt_documents(f: Path, strip: bool, notes: TextNotes) -> Iterator[Document]
         yield lines
 
 
-def _table_documents(f: Path, field: str) -> Iterator[Document]:
-    ds = load_table(f, LOCAL_SUFFIXES[f.suffix])  # memory-mapped Arrow: read a batch at a time below
+def _table_documents(f, field: str) -> Iterator[Document]:
+    # a bucket's csv/parquet: `datasets` converts a table to a local Arrow file anyway, so the object is fetched first
+    local = _fetched(f) if isinstance(f, BucketFile) else f
+    ds = load_table(local, LOCAL_SUFFIXES[f.suffix])  # memory-mapped Arrow: read a batch at a time below
     if field not in ds.column_names:
         raise DataError(f"{f}: no column '{field}' (data.text_field); columns: {ds.column_names}")
     for batch in ds.select_columns([field]).iter(batch_size=1024):
         yield from _rows_to_documents(batch[field], str(f), field)
+
+
+def _fetched(f: BucketFile) -> Path:
+    """A local copy of a bucket's table, under the local cache and named by its generation (a rewrite fetches anew)."""
+    dest = local_cache() / "sources" / paths.bucket_of(f.url) / f"{f.generation}-{PurePosixPath(f.url).name}"
+    if not dest.is_file() or dest.stat().st_size != f.size:
+        tmp = dest.with_name(dest.name + f".{os.getpid()}.tmp")
+        paths.download(f.url, tmp)
+        os.replace(tmp, dest)
+    return dest
+
+
+def local_cache() -> Path:
+    """Where bucket data is copied to be read locally (shards are memory-mapped, tables converted): the folder
+    SSMLM_LOCAL_CACHE names, by default ~/.cache/ssmlm/bucket. Never a URL: it holds this host's copies."""
+    return paths.local(os.environ.get("SSMLM_LOCAL_CACHE") or Path.home() / ".cache/ssmlm/bucket", "SSMLM_LOCAL_CACHE")
 
 
 def local_documents(
@@ -369,10 +436,12 @@ def open_corpus(
     *,
     strip_gutenberg: bool = True,
     say: Say | None = None,
+    corpus_key: str = "stat",
 ) -> DocumentStream:
     """The corpus as a stream of documents: nothing is read until it is iterated, and memory stays
     bounded by one document (or one csv/parquet batch) however large the corpus is. ``say``: where this pass
-    says what it did to .txt files (split, boilerplate cut); give it to one pass only."""
+    says what it did to .txt files (split, boilerplate cut); give it to one pass only. ``corpus_key``: how the
+    fingerprint knows local files (corpus_fingerprint's ``key``)."""
     total_bytes = total_docs = None
     if source == "builtin":
         builtin = builtin_corpus()  # ~2 MB: generated whole
@@ -383,18 +452,30 @@ def open_corpus(
     else:
         files = _expand(source)
         docs = _nonempty(local_documents(source, text_field, strip_gutenberg, say), source)
-        description, total_bytes = f"{len(files)} local file(s) from {source}", sum(f.stat().st_size for f in files)
+        where = "bucket object(s)" if paths.is_remote(source) else "local file(s)"
+        description, total_bytes = f"{len(files)} {where} from {source}", sum(_size(f) for f in files)
     if max_documents:
         docs = itertools.islice(docs, max_documents)
         total_docs = min(total_docs or max_documents, max_documents)
-    fingerprint = corpus_fingerprint(source, text_field, split, max_documents, strip_gutenberg=strip_gutenberg)
+    fingerprint = corpus_fingerprint(
+        source, text_field, split, max_documents, strip_gutenberg=strip_gutenberg, key=corpus_key
+    )
     return DocumentStream(docs, fingerprint, description, total_bytes, total_docs)
 
 
 def corpus_fingerprint(
-    source: str, text_field: str = "text", split: str = "train", max_documents=None, *, strip_gutenberg: bool = True
+    source: str,
+    text_field: str = "text",
+    split: str = "train",
+    max_documents=None,
+    *,
+    strip_gutenberg: bool = True,
+    key: str = "stat",
 ) -> str:
-    """What identifies the text, computed without reading it (so cached preprocessing is found fast)."""
+    """What identifies the text, computed without reading it (so cached preprocessing is found fast). Objects in a
+    bucket: each one's URL, size and generation. Local files: with ``key`` 'stat' each one's path, size and
+    modification time; with 'content' each one's name, size and a hash of its first and last MiB (two hosts with
+    their own copies of a corpus agree, whatever the copies' times)."""
     if source == "builtin":
         fp = "builtin-v1-python" + ".".join(map(str, sys.version_info[:3]))
     elif source.startswith("hub:"):
@@ -405,10 +486,32 @@ def corpus_fingerprint(
         if any(f.suffix == ".txt" for f in files):  # only then: other local corpora keep their fingerprints
             h.update(f"txt{TXT_FORMAT}:gutenberg={strip_gutenberg}".encode())
         for f in files:
-            st = f.stat()
-            h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-        fp = "local-" + h.hexdigest()[:16]
+            if isinstance(f, BucketFile):
+                h.update(f"{f.url}:{f.size}:{f.generation}".encode())
+            elif key == "content":
+                h.update(f"{f.name}:{_content_key(f)}".encode())
+            else:
+                st = f.stat()
+                h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        fp = ("bucket-" if paths.is_remote(source) else "local-") + h.hexdigest()[:16]
     return fp + (f"-max{max_documents}" if max_documents else "")
+
+
+def _content_key(f: Path) -> str:
+    """A file's size and the SHA-256 of its first and last CONTENT_SAMPLE bytes (all of it when smaller): a cheap
+    key that two copies of a file share and an edit almost always changes (one inside a large file's middle that
+    keeps its size is not seen)."""
+    size = f.stat().st_size
+    with f.open("rb") as fh:
+        h = hashlib.sha256(fh.read(CONTENT_SAMPLE))
+        if size > CONTENT_SAMPLE:
+            fh.seek(max(CONTENT_SAMPLE, size - CONTENT_SAMPLE))
+            h.update(fh.read())
+    return f"{size}:{h.hexdigest()}"
+
+
+def _size(f) -> int:
+    return f.size if isinstance(f, BucketFile) else f.stat().st_size
 
 
 def corpus_name(source: str) -> str:
@@ -418,6 +521,10 @@ def corpus_name(source: str) -> str:
         return source
     if source.startswith("hub:"):
         name = Path(source.replace(":", "_")).stem
+    elif paths.is_remote(source):
+        files = _expand(source)
+        keys = [PurePosixPath(f.url.split("://", 1)[1]) for f in files]
+        name = files[0].stem if len(files) == 1 else PurePosixPath(os.path.commonpath([k.parent for k in keys])).name
     else:
         files, given = _expand(source), Path(source).expanduser()
         if given.is_dir():

@@ -64,12 +64,16 @@ def local_rows(batch_size: int) -> tuple[int, int]:
 
 def preprocessed(data: DataConfig, seq_len: int, quiet: bool, layout: str = "rows") -> Path:
     """Every process tokenises its share of the corpus's chunks (multi-host runs split the shards); process 0
-    writes the metadata once all shards exist. A finished dataset in the shared cache is reused."""
+    writes the metadata once all shards exist. A finished dataset in the shared cache is reused. After the
+    barrier the other processes look again: the dataset is finished, and with a cache in a bucket each fetches
+    its local copies of the shards (hosts share no disk)."""
     from ssmlm.data.preprocess import preprocess
 
     hosts = process_shard()
     data_dir = preprocess(data, seq_len, quiet=quiet or hosts[0] != 0, hosts=hosts, layout=layout)
     barrier("preprocess", f"the end of preprocessing (host 0 writes {data_dir}/metadata.json)", "SSMLM_DATA_TIMEOUT")
+    if hosts[0] != 0:
+        data_dir = preprocess(data, seq_len, quiet=True, hosts=hosts, layout=layout)
     return data_dir
 
 
