@@ -1,7 +1,7 @@
 """A pod on one machine: two real hosts, each with a disk of its own (tests/hosts.py: private mount namespaces),
-keep their run in a bucket (the local GCS server of tests/conftest.py). They train, one is SIGKILLed mid-run and
-the other stops with one line, and the same command resumes from the bucket to the losses and parameters of a
-one-process run."""
+keep their data cache and their run in a bucket (the local GCS server of tests/conftest.py). They preprocess the
+corpus together and train, one is SIGKILLed mid-run and the other stops with one line, and the same command
+resumes from the bucket to the losses and parameters of a one-process run on a local disk."""
 
 import json
 import os
@@ -41,7 +41,11 @@ def test_two_hosts_without_a_shared_disk_survive_a_killed_host_and_resume_from_t
     os.chdir(tmp_path)
     invoke("pretrain", recipe, "--name", "single", "-q")
     disk = tmp_path / "disk"  # each host's own folder behind this path: its cwd, nothing shared but the bucket
-    env = {"SSMLM_HEARTBEAT_TIMEOUT": "300", "SSMLM_HOME": os.environ["SSMLM_HOME"]}
+    env = {
+        "SSMLM_HEARTBEAT_TIMEOUT": "300",
+        "SSMLM_HOME": f"{bucket.url}/home",  # the data cache in the bucket, preprocessed by both hosts
+        "SSMLM_LOCAL_CACHE": str(disk / "cache"),  # each host's local copies of the shards, on its own disk
+    }
     args = ["pretrain", recipe, "--name", "multi", "-q"]
     with Hosts(tmp_path, 2, env=env) as h:
         h.start(args, private=disk, cwd=disk)
@@ -51,7 +55,10 @@ def test_two_hosts_without_a_shared_disk_survive_a_killed_host_and_resume_from_t
         assert rc[0] not in (0, None) and rc[1] == -9, h.report()
         (line,) = h.errors(0)
         assert line.startswith("error: host 1 stopped"), h.report()
-    assert not any(p.is_file() for p in (tmp_path / "disk.host0").rglob("*") if p.suffix in (".npy", ".ocdbt"))
+    assert any(k.endswith("/metadata.json") for k in bucket.keys("home"))  # the dataset, finished in the bucket
+    for i in (0, 1):  # on each host's own disk: its copies of the shards, and no run folder
+        own = tmp_path / f"disk.host{i}"
+        assert any(own.rglob("*.npy")) and not (own / "runs").exists() and not (own / "gs:").exists()
     with Hosts(tmp_path, 2, env=env) as h:  # the same command, resumed from the bucket
         h.start(args, private=disk, cwd=disk)
         assert h.wait(300) == [0, 0], h.report()
