@@ -192,8 +192,9 @@ def restore_newest(run_dir: Path, steps: list[int], restore: Callable[[int], obj
         for bad, why in failed:
             moved = on_broken(bad) if on_broken else None
             where = f"; moved to {moved}" if moved else ""
+            at = staging.location(run_dir)
             print(
-                f"warning: checkpoint {bad} in {run_dir} is unreadable ({why}){where}; using step {step}",
+                f"warning: checkpoint {bad} in {at} is unreadable ({why}){where}; using step {step}",
                 file=sys.stderr,
                 flush=True,
             )

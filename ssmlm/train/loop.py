@@ -38,6 +38,7 @@ import jax
 import optax
 from flax import nnx
 
+from ssmlm import staging
 from ssmlm.errors import Interrupted, UserError  # Interrupted stays importable from here
 from ssmlm.evaluate.runner import make_eval_step, run_eval
 from ssmlm.models.flops import peak_flops_per_second
@@ -132,6 +133,11 @@ class RunContext:
         return self.recipe.train
 
     @property
+    def where(self) -> str:
+        """The run as a person names it: its bucket URL when its records are staged in a local folder."""
+        return staging.location(self.run_dir)
+
+    @property
     def total(self) -> int:
         return self.stage.total_steps
 
@@ -222,7 +228,7 @@ def _train(ctx: RunContext, state: TrainState, defaults: list[Hook], launch: Lau
     except KeyboardInterrupt:  # a second Ctrl-C: leave now, the newest complete checkpoint stands
         emit(ctx.hooks, "on_interrupt", state.step)
         raise Interrupted(
-            f"stopped at step {state.step}/{ctx.total}; the newest complete checkpoint in {ctx.run_dir} is step "
+            f"stopped at step {state.step}/{ctx.total}; the newest complete checkpoint in {ctx.where} is step "
             f"{ctx.ckpt.latest_step() or 0}; run the same command again to resume"
         ) from None
     finally:
@@ -305,7 +311,7 @@ def _restore(ctx: RunContext, state: TrainState) -> None:
     state.eval_pending = bool(meta.get("evaluation_pending", False))
     ctx.log.restart(state.start)
     console.print(
-        f"[green]resuming[/] {ctx.run_dir} from step {state.start} (data position {meta['data_position']})",
+        f"[green]resuming[/] {ctx.where} from step {state.start} (data position {meta['data_position']})",
         soft_wrap=True,
     )
 
@@ -373,7 +379,7 @@ def _interrupted(ctx: RunContext, state: TrainState, defaults: list[Hook]) -> No
     emit(ctx.hooks, "on_interrupt", state.step)
     pending = " (its evaluation is done first on resume)" if state.eval_pending else ""
     raise Interrupted(
-        f"stopped at step {state.step}/{ctx.total}; checkpoint saved in {ctx.run_dir}{pending}; "
+        f"stopped at step {state.step}/{ctx.total}; checkpoint saved in {ctx.where}{pending}; "
         "run the same command again to resume"
     )
 
