@@ -1,6 +1,6 @@
 """A pod on one machine: two real hosts, each with a disk of its own (tests/hosts.py: private mount namespaces),
-keep their data cache and their run in a bucket (the local GCS server of tests/conftest.py). They preprocess the
-corpus together and train, one is SIGKILLed mid-run and the other stops with one line, and the same command
+keep their corpus, data cache and run in a bucket (the local GCS server of tests/conftest.py). They preprocess
+the corpus together and train, one is SIGKILLed mid-run and the other stops with one line, and the same command
 resumes from the bucket to the losses and parameters of a one-process run on a local disk."""
 
 import json
@@ -32,9 +32,11 @@ def test_two_hosts_without_a_shared_disk_survive_a_killed_host_and_resume_from_t
 ):
     require_unshare()
     out = f"{bucket.url}/runs"
+    for f in sorted(corpus_file.iterdir()):  # the corpus in the bucket too: no host reads a local file
+        paths.upload(f, f"{bucket.url}/corpus/{f.name}")
     recipe = tiny_recipe(
         tmp_path / "r.yaml",
-        corpus_file,
+        f"{bucket.url}/corpus/*.txt",
         model={"dropout": 0.0},
         train={"steps": 12, "checkpoint_every": 4, "log_every": 1, "out_dir": out},
     )
