@@ -4,7 +4,7 @@ Each epoch is a fresh permutation seeded by (seed, epoch); the incomplete last b
 dropped (as the official loaders do). The checkpointed data position is simply the step.
 
 Why not Grain: what Grain offers here (deterministic, resumable, sharded index sampling) is these few
-lines once the data is a memory-mapped Arrow table of fixed-length rows; owning them keeps the data
+lines once the data is memory-mapped .npy shards of fixed-length rows; owning them keeps the data
 position a plain integer in the checkpoint manifest and avoids another checkpoint handler. Reading
 ahead is a one-thread prefetch in the training loop.
 
