@@ -914,7 +914,7 @@ def _shown(command: str, fn, title: str):
                 checks.run_dir(run, "--ckpt")
         with _starting(command, bool(kwargs.get("quiet")), "working"), contextlib.ExitStack() as stack:
             local = [stack.enter_context(_in_bucket(run)) if paths.is_remote(run) else run for run in runs]
-            if "ckpt" in kwargs:
+            if runs:  # (an analysis without a run, `flops`, has none)
                 kwargs["ckpt"] = local if isinstance(kwargs["ckpt"], list) else local[0]
             result = fn(*args, **kwargs)
             # the staging folders are removed at the end: name what was written by its place in the bucket
