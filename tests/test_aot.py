@@ -425,6 +425,7 @@ def test_gpu_loops_keep_the_compilers_count():
     assert unknown == [] and comm["all-reduce"]["runs"] == 3 * 5
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 @needs_libtpu
 def test_tpu_accumulation_all_reduces_every_micro_batch():
     """Data parallel on 4 chips: the step all-reduces the gradients once per micro-batch, inside the accumulation
@@ -453,6 +454,7 @@ def step_hlo(recipe, target_text):
     return compiled.as_text(), target.num_devices, work
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 @needs_libtpu
 def test_tpu_layer_scan_runs_its_collectives_once_per_layer():
     """Parameters sharded over 4 chips, the blocks under one scan: the loops' trip counts read from the program

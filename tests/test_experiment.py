@@ -798,6 +798,7 @@ def test_a_local_task_may_be_named_in_the_file(setup):
         load_experiment(write_experiment(setup, arms=arms))
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_a_diverged_run_is_a_failed_arm_and_is_never_reused_as_done(setup, corpus_file):
     diverging = tiny_recipe(
         setup["tmp"] / "diverging.yaml",

@@ -193,6 +193,7 @@ def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
     assert stages["copy-digits"][1].metric == "digit_accuracy" and stages["copy"][1].metric is None
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(tmp_path):
     path = sweep_file(tmp_path)
     out = tmp_path / "out"

@@ -41,6 +41,7 @@ def recipe(tmp_path, corpus_file, bucket):
     )
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_a_run_in_a_bucket_resumes_there_as_if_never_stopped(recipe, bucket, tmp_path):
     os.chdir(tmp_path)
     before = staged_folders()
@@ -97,6 +98,7 @@ def test_a_bucket_out_dir_that_cannot_be_used_is_one_line(tmp_path, corpus_file,
     assert not any(p.name.startswith("gs") for p in tmp_path.iterdir())
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_the_commands_that_read_a_run_read_it_in_the_bucket(tmp_path, corpus_file, bucket):
     """evaluate, analyze report and finetune --ckpt on a run that lives only in the bucket; their outputs land
     there too, and nothing but the cwd's own files stays local."""

@@ -37,6 +37,7 @@ def test_private_disks_stop_every_host_at_the_start(tmp_path, corpus_file):
     assert not any((tmp_path / "disk.host0").rglob("tokenizer.json")), "no data work before the check"
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_a_killed_host_stops_the_other_with_one_line(tmp_path, corpus_file):
     recipe = tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 100_000, "log_every": 1})
     metrics = tmp_path / "runs" / "x" / "metrics.jsonl"

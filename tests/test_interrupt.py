@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import invoke, tiny_recipe
 
@@ -98,6 +99,7 @@ def test_ctrl_c_during_the_controller_update_stops_at_once(tmp_path, corpus_file
     assert json.loads((run_dir / "summary.json").read_text())["launches"] == 2
 
 
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_sigterm_in_the_final_evaluation_saves_and_exits_without_plots(tmp_path, corpus_file):
     # a spot machine gives ~30 s between its notice and the kill: the checkpoint, then out; the plots wait
     recipe = tiny_recipe(
