@@ -4,7 +4,6 @@ steps a single process takes."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,11 @@ import numpy as np
 import pytest
 from conftest import invoke, tiny_recipe
 from flax import nnx
+from hosts import free_port
 
 from ssmlm.runs import open_run
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # 25-40 s of two jax processes (CI time); run with -m slow
