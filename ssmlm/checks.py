@@ -344,7 +344,10 @@ def output_dir(path: str | Path, where: str, given: str | Path | None = None) ->
     """A directory the command will write can be written: not a file, and creatable and writable by this user,
     which is only certain once tried. So a probe file is written in it and removed again, with every directory
     the probe created: the file system is left as it was, whether the check passes or fails. ``given``: the path
-    to name in the message, when it is not ``path`` (a file in it)."""
+    to name in the message, when it is not ``path`` (a file in it). A gs:// URL: its bucket can be reached."""
+    if paths.is_remote(path):
+        paths.check_url(str(path), where)
+        return
     d = Path(path).expanduser()
     given = path if given is None else given
     if d.exists() and not d.is_dir():
@@ -373,6 +376,9 @@ def output_dir(path: str | Path, where: str, given: str | Path | None = None) ->
 
 def output_file(path: str | Path, where: str) -> None:
     """A file the command will write: not a directory, and its directory writable (see output_dir)."""
+    if paths.is_remote(path):
+        paths.check_url(str(path), where)
+        return
     p = Path(path).expanduser()
     if p.is_dir():
         raise UserError(f"{where} '{path}': is a directory; expected a file path")

@@ -768,14 +768,18 @@ def evaluate(
     if span and task != "phonebook":
         raise UserError(f"--entries {entries} goes with --task phonebook (the size of its phone books)")
     if out:
-        checks.output_file(paths.local(out, "--out"), "--out")
+        checks.output_file(out, "--out")
     elif not paths.is_remote(ckpt):  # a bucket's run: RUN/eval is written there (reached: checks.run_dir)
         checks.output_dir(Path(ckpt) / "eval", "--ckpt")
     if submission:
         checks.output_dir(paths.local(submission, "--submission"), "--submission")
     if predictions:
         checks.output_file(paths.local(predictions, "--predictions"), "--predictions")
-    with _starting("evaluate") as start, _in_bucket(ckpt) as local:
+    with (
+        _starting("evaluate") as start,
+        _in_bucket(ckpt) as local,
+        staging.output(out) if out else contextlib.nullcontext() as out_local,
+    ):
         from ssmlm.evaluate.run import evaluate_run
         from ssmlm.runs import open_run
 
@@ -794,7 +798,8 @@ def evaluate(
             entries=span,
             trust_task_code=trust_task_code,
         )
-        write_result(result, Path(out) if out else None, run, entries=span)  # RUN/eval: staged, then uploaded
+        # RUN/eval or --out: staged, then uploaded (a bucket's)
+        write_result(result, out_local, run, entries=span, shown=out)
 
 
 @app.command()
@@ -826,7 +831,9 @@ def results(
     typer.echo(f"{split} split")  # (the scores of that split only: --split picks another)
     typer.echo(to_markdown(df))
     if out:
-        typer.echo(f"wrote {save_table(df, out)}")
+        with staging.output(out) as local:
+            written = save_table(df, local)
+        typer.echo(f"wrote {out if paths.is_remote(out) else written}")
 
 
 @app.command()
@@ -905,8 +912,9 @@ def _shown(command: str, fn, title: str):
 
     @functools.wraps(fn)
     def wrapper(*args, as_json: bool = False, **kwargs):
-        if kwargs.get("out"):
-            checks.output_dir(paths.local(kwargs["out"], "--out"), "--out")
+        out = kwargs.get("out")
+        if out:
+            checks.output_dir(out, "--out")
         runs = kwargs.get("ckpt")
         runs = runs if isinstance(runs, list) else [runs] if runs else []
         for run in runs:  # a run in a bucket: reachable, before any work
@@ -916,9 +924,11 @@ def _shown(command: str, fn, title: str):
             local = [stack.enter_context(_in_bucket(run)) if paths.is_remote(run) else run for run in runs]
             if runs:  # (an analysis without a run, `flops`, has none)
                 kwargs["ckpt"] = local if isinstance(kwargs["ckpt"], list) else local[0]
+            if out and paths.is_remote(out):  # written in a temporary folder, uploaded when the analysis is done
+                kwargs["out"] = str(stack.enter_context(staging.output(out, folder=True)))
             result = fn(*args, **kwargs)
             # the staging folders are removed at the end: name what was written by its place in the bucket
-            for run, folder in zip(runs, local, strict=True):
+            for run, folder in zip([*runs, out], [*local, kwargs.get("out")], strict=True):
                 if folder != run:
                     result = _renamed(result, str(folder), str(run))
         if result is not None:
@@ -953,13 +963,16 @@ def import_bigs(
     from ssmlm.runs import open_run
     from ssmlm.runs.importing import import_bigs as run_import
 
-    run = open_run(run_import(src, out, task=task))
-    info = {
-        "run": str(run.dir),
-        "kind": run.kind,
-        "source": run.info["source"],
-        "max_seq_length": run.recipe.model.max_seq_length,
-    }
+    if paths.is_remote(out) and paths.listing(out):
+        raise UserError(f"--out {out}: already exists and is not empty; choose another output directory")
+    with _in_bucket(out) as local:  # in a bucket: its records staged, its checkpoint written there by Orbax
+        run = open_run(run_import(src, local, task=task))
+        info = {
+            "run": staging.location(run.dir),
+            "kind": run.kind,
+            "source": run.info["source"],
+            "max_seq_length": run.recipe.model.max_seq_length,
+        }
     typer.echo(json.dumps(info, indent=2))
 
 
@@ -995,21 +1008,34 @@ def experiment(
     exp = load_experiment(file)
     if seeds is not None:
         exp = dataclasses.replace(exp, seeds=exp.seeds[:seeds])
-    out_dir = paths.local(out, "--out") if out else Path("runs") / "experiments" / exp.name
+    out_dir = out if out else Path("runs") / "experiments" / exp.name
+    remote = paths.is_remote(out_dir)
+    checks.output_dir(out_dir, "--out" if out else "experiment directory")
     if dry_run:
         from ssmlm.experiment.plan import dry_run_lines
         from ssmlm.experiment.runner import dry_run_time
 
-        for line in dry_run_lines(exp, out_dir):
-            typer.echo(line)
-        typer.echo(dry_run_time(exp, out_dir, jobs))
+        local = staging.fetched(str(out_dir)) if remote else Path(out_dir).expanduser()  # runs done: their costs
+        for line in dry_run_lines(exp, local):
+            typer.echo(line.replace(str(local), str(out_dir)))
+        typer.echo(dry_run_time(exp, local, jobs))
         return
-    checks.output_dir(out_dir, "--out" if out else "experiment directory")
     from ssmlm.experiment.report import markdown, write
     from ssmlm.experiment.runner import run_experiment
 
-    res = run_experiment(exp, out_dir, jobs=jobs, verbose=verbose, echo=typer.echo)
-    written = write(res, out_dir)
+    # in a bucket: one staging folder for the experiment; each run in it is a run in the bucket (ssmlm.staging)
+    with (
+        staging.staged(str(out_dir), runs_inside=True)
+        if remote
+        else contextlib.nullcontext(Path(out_dir).expanduser()) as local
+    ):
+
+        def echo(line: str = "") -> None:  # name what is written by its place in the bucket
+            typer.echo(line.replace(str(local), str(out_dir)))
+
+        res = run_experiment(exp, local, jobs=jobs, verbose=verbose, echo=echo)
+        res = _renamed(res, str(local), str(out_dir)) if remote else res
+        md = staging.location(write(res, local)["md"])  # (in a bucket: by its URL)
     typer.echo("")
     typer.echo(markdown(res, warnings=False), nl=False)  # the runs' warnings were printed as each finished
     warned = len({w["run_dir"] for w in res["warnings"]})
@@ -1017,7 +1043,7 @@ def experiment(
         typer.echo(
             f"\n{warned} run{'s' if warned > 1 else ''} gave warnings: above, under each run's line, and in results.md"
         )
-    typer.echo(f"wrote {written['md']}, results.csv, results.json, results.png")
+    typer.echo(f"wrote {md}, results.csv, results.json, results.png")
     if any(a["status"] != "ok" for a in res["arms"].values()):
         raise typer.Exit(1)
 

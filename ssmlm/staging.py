@@ -7,7 +7,12 @@ checkpoint and at the end, a failed end included. The folder is removed at the e
 local disk. Checkpoints are never staged: Orbax reads and writes them in the bucket (``checkpoints_url``).
 
 A staging folder carries its URL in a marker file, so that code handed the local folder (the checkpoint reader,
-the lock, the records naming a source run) finds the bucket without a second argument threaded through.
+the lock, the records naming a source run) finds the bucket without a second argument threaded through. A folder
+inside a staging folder stands for the same place under its URL: an experiment in a bucket (``experiment --out
+gs://…``) is one staging folder, and each of its runs is a run in the bucket, its checkpoints written there.
+
+Outputs that are not runs (``evaluate --out``, ``results --out``, ``analyze --out``) are written into a temporary
+file or folder and uploaded when the command succeeds (``output``).
 """
 
 from __future__ import annotations
@@ -31,13 +36,20 @@ _last_sync: dict[str, float] = {}
 
 
 def url_of(run_dir: str | Path | None) -> str | None:
-    """The bucket URL a run directory stands for: itself when a URL, the marker's when a staging folder."""
+    """The bucket URL a run directory stands for: itself when a URL; for a staging folder, or a folder inside one,
+    the marker's URL (and the path below it)."""
     if run_dir is None:
         return None
     if paths.is_remote(run_dir):
         return str(run_dir)
-    mark = Path(run_dir) / MARK
-    return mark.read_text().strip() if mark.is_file() else None
+    d = Path(run_dir).absolute()
+    for up in (d, *d.parents):
+        mark = up / MARK
+        if mark.is_file():
+            below = d.relative_to(up).as_posix()
+            url = mark.read_text().strip()
+            return url if below == "." else paths.join(url, below)
+    return None
 
 
 def location(run_dir: str | Path) -> str:
@@ -50,11 +62,16 @@ def checkpoints_url(run_dir: str | Path) -> str | None:
     return paths.join(url, "checkpoints") if url else None
 
 
+def _staged(rel: str) -> bool:
+    """A record of a staged folder (not a checkpoint or the bucket's lock, of its own run or of a run inside it)."""
+    return not any(part in NOT_STAGED or part == MARK for part in rel.split("/"))
+
+
 def _records(local: Path) -> dict[str, tuple[int, int]]:
     out = {}
     for p in local.rglob("*"):
         rel = p.relative_to(local).as_posix()
-        if p.is_file() and rel != MARK and not rel.endswith(".tmp") and rel.split("/")[0] not in NOT_STAGED:
+        if p.is_file() and not rel.endswith(".tmp") and _staged(rel):
             st = p.stat()
             out[rel] = (st.st_size, st.st_mtime_ns)
     return out
@@ -66,7 +83,7 @@ def _download(url: str, local: Path) -> bool:
     base = url.rstrip("/") + "/"
     for obj in found:
         rel = obj[len(base) :]
-        if rel and rel.split("/")[0] not in NOT_STAGED:
+        if rel and _staged(rel):
             paths.download(obj, local / rel)
     return bool(found)
 
@@ -113,11 +130,12 @@ def _host() -> int:
 
 
 @contextlib.contextmanager
-def staged(url: str, lead: Callable[[], bool] = lambda: True) -> Iterator[Path]:
+def staged(url: str, lead: Callable[[], bool] = lambda: True, runs_inside: bool = False) -> Iterator[Path]:
     """A local staging folder for the run at ``url``, its records downloaded; at the end the lead process
     (``lead()``, asked then: a distributed start may make it known only inside) uploads what changed, and the
     folder is removed. A run new to the bucket that fails before training anything leaves nothing there (as a
-    local run directory is removed then): a half-made run would refuse the corrected command."""
+    local run directory is removed then): a half-made run would refuse the corrected command. ``runs_inside``: a
+    folder of runs (an experiment), whose records are uploaded whatever happened."""
     local = _new_folder(url)
     key = str(local)
     try:
@@ -131,7 +149,7 @@ def staged(url: str, lead: Callable[[], bool] = lambda: True) -> Iterator[Path]:
         finally:
             if lead():
                 trained = (local / "metrics.jsonl").exists() or paths.glob(paths.join(url, "checkpoints", "*"))
-                if ok or existed or trained:
+                if ok or existed or trained or runs_inside:
                     sync(local)
                 else:
                     paths.remove(url, recursive=True)
@@ -159,3 +177,27 @@ def fetched(url: str) -> Path:
 def records(run_dir: str | Path) -> Path:
     """Where to read a run directory's records: itself, or for a URL its local copy (``fetched``)."""
     return fetched(str(run_dir)) if paths.is_remote(run_dir) else Path(run_dir).expanduser()
+
+
+@contextlib.contextmanager
+def output(path: str | Path, folder: bool = False) -> Iterator[Path]:
+    """Where to write a command's output file (``folder``: folder) named ``path``: itself when local; for a gs://
+    URL a temporary one, uploaded there when the block ends without an error, then removed."""
+    if not paths.is_remote(path):
+        yield Path(path).expanduser()
+        return
+    url = str(path).rstrip("/")
+    tmp = Path(tempfile.mkdtemp(prefix="ssmlm-out-"))
+    local = tmp / PurePosixPath(url).name
+    try:
+        if folder:
+            local.mkdir()
+        yield local
+        if folder:
+            for p in sorted(local.rglob("*")):
+                if p.is_file():
+                    paths.upload(p, paths.join(url, p.relative_to(local).as_posix()))
+        elif local.exists():
+            paths.upload(local, url)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -116,6 +116,8 @@ def test_the_commands_that_read_a_run_read_it_in_the_bucket(tmp_path, corpus_fil
     assert json.loads(paths.read_bytes(f"{out}/base/eval/mlm-validation.json"))["step"] == 3
     invoke("analyze", "report", "--ckpt", f"{out}/base")
     assert "runs/base/analysis/index.html" in bucket.keys("runs/base")
+    r = invoke("analyze", "report", "--ckpt", f"{out}/base", "--out", f"{bucket.url}/reports/base")
+    assert "reports/base/index.html" in bucket.keys("reports") and "ssmlm-out" not in r.output
     ft = ["--set", "train.steps=2", "--set", "train.batch_size=4", "--set", f"train.out_dir={out}", "-q"]
     invoke("finetune", "--ckpt", f"{out}/base", "--task", "builtin-order", *ft)
     info = json.loads(paths.read_bytes(f"{out}/base-builtin-order/run.json"))
@@ -126,3 +128,102 @@ def test_the_commands_that_read_a_run_read_it_in_the_bucket(tmp_path, corpus_fil
 
     # left: only the read-only copy of the source's records, which the process removes when it exits
     assert staged_folders() - before <= {str(p.parent) for p in staging._fetched.values()}
+
+
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
+def test_an_experiment_in_a_bucket_runs_there_and_a_second_invocation_reuses_it(tmp_path, corpus_file, bucket):
+    """experiment --out gs://…: every run of it is a run in the bucket (checkpoints written there by Orbax), the
+    report lands there, nothing stays local, a second invocation reuses every run; evaluate --out gs:// and
+    results --out gs:// write their files there."""
+    recipe = tiny_recipe(tmp_path / "r.yaml", corpus_file, train={"steps": 3, "batch_size": 4})
+    ft = [
+        "task.train_file=" + str(_order_file(tmp_path, "train")),
+        "task.validation_file=" + str(_order_file(tmp_path, "validation")),
+    ]
+    ft += ["task.text_fields=[sentence]", "task.label_field=label", "train.epochs=null", "train.steps=2"]
+    ft += ["train.batch_size=8", "train.checkpoint_every=0"]
+    spec = {
+        "seeds": [0],
+        "stages": ["pretrain", "finetune"],
+        "metric": "finetune:accuracy",
+        "reference": "random",
+        "arms": {
+            "pretrained": {"pretrain": {"recipe": str(recipe)}, "finetune": {"set": ft}},
+            "random": {"pretrain": {"recipe": str(recipe)}, "finetune": {"set": ft, "init": "random"}},
+        },
+    }
+    (tmp_path / "exp.yaml").write_text(json.dumps(spec))
+    os.chdir(tmp_path)
+    before = staged_folders()
+    out = f"{bucket.url}/exp"
+    r = invoke("experiment", tmp_path / "exp.yaml", "--out", out)
+    assert f"wrote {out}/results.md" in r.output and "ssmlm-staged" not in r.output, r.output
+    keys = bucket.keys("exp")
+    for name in ("experiment.yaml", "results.md", "results.json", "results.png"):
+        assert f"exp/{name}" in keys
+    for run in ("pretrained/seed0/pretrain", "pretrained/seed0/finetune", "random/seed0/finetune"):
+        assert f"exp/runs/{run}/summary.json" in keys and f"exp/runs/{run}/metrics.jsonl" in keys
+        assert any(k.startswith(f"exp/runs/{run}/checkpoints/") for k in keys), run
+    info = json.loads(paths.read_bytes(f"{out}/runs/pretrained/seed0/finetune/run.json"))
+    assert info["source"] == f"{out}/runs/pretrained/seed0/pretrain"
+    assert "ssmlm-staged" not in paths.read_bytes(f"{out}/results.json").decode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "corpus",
+        "exp.yaml",
+        "order-train.jsonl",
+        "order-validation.jsonl",
+        "r.yaml",
+    ]
+
+    r = invoke("experiment", tmp_path / "exp.yaml", "--out", out)
+    assert r.output.count("(reused)") == 3, r.output
+
+    # a run of the experiment, read from the bucket by hand; outputs named by URL land there
+    run = f"{out}/runs/pretrained/seed0/finetune"
+    r = invoke("evaluate", "--ckpt", run, "--out", f"{bucket.url}/elsewhere/ft.json")
+    assert f"wrote {bucket.url}/elsewhere/ft.json" in r.output
+    assert json.loads(paths.read_bytes(f"{bucket.url}/elsewhere/ft.json"))["run"] == run
+    invoke("evaluate", "--ckpt", run)  # RUN/eval/…, in the bucket
+    from ssmlm import staging
+
+    copies = {str(p.parent) for p in staging._fetched.values()}  # read-only copies, removed at the process' exit
+    staging._fetched.clear()  # (a user's next command is a new process: it makes its own)
+    r = invoke("results", run, "--out", f"{bucket.url}/elsewhere/table.md")
+    assert f"wrote {bucket.url}/elsewhere/table.md" in r.output
+    assert paths.read_bytes(f"{bucket.url}/elsewhere/table.md").decode().startswith("|")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "corpus",
+        "exp.yaml",
+        "order-train.jsonl",
+        "order-validation.jsonl",
+        "r.yaml",
+    ]
+    assert staged_folders() - before <= copies | {str(p.parent) for p in staging._fetched.values()}
+
+
+def _order_file(tmp_path, split: str):
+    from test_experiment import order_rows
+
+    path = tmp_path / f"order-{split}.jsonl"
+    if not path.exists():
+        path.write_text("".join(json.dumps(r) + "\n" for r in order_rows(32, 1 if split == "train" else 2)))
+    return path
+
+
+@pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
+def test_an_official_checkpoint_imported_into_a_bucket_is_a_run_there(tmp_path, bucket):
+    from test_convert import official_config, official_params, write_official
+
+    src = write_official(tmp_path / "BiGS_tiny", official_params(seed=0), official_config())
+    os.chdir(tmp_path)
+    url = f"{bucket.url}/runs/bigs_tiny"
+    r = invoke("import-bigs", src, "--out", url)
+    assert json.loads(r.output[r.output.index("{") :])["run"] == url
+    keys = bucket.keys("runs/bigs_tiny")
+    assert {"runs/bigs_tiny/run.json", "runs/bigs_tiny/tokenizer.json", "runs/bigs_tiny/recipe.yaml"} <= set(keys)
+    assert any(k.endswith("commit_success.txt") for k in keys)  # Orbax's mark of a finished save in a bucket
+    model, meta = open_run(url).load_model()
+    assert meta["step"] == 0
+    r = invoke("import-bigs", src, "--out", url, code=2)
+    assert "already exists and is not empty" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BiGS_tiny"]

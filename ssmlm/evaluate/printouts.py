@@ -90,9 +90,11 @@ def result_name(task: str, split: str, entries: tuple[int, int] | None = None) -
     return f"{task}-e{lo if lo == hi else f'{lo}-{hi}'}-{split}.json"
 
 
-def write_result(result: dict, path: Path | None, run, entries: tuple[int, int] | None = None) -> None:
+def write_result(
+    result: dict, path: Path | None, run, entries: tuple[int, int] | None = None, shown: str | None = None
+) -> None:
     """Write an evaluation's JSON (RUN/eval/TASK-SPLIT.json by default: see result_name) and print its numeric
-    metrics."""
+    metrics. ``shown``: how to name ``path`` to the user (a gs:// URL it is uploaded to)."""
     from rich.console import Console
 
     path = path or run.dir / "eval" / result_name(result["task"], result["split"], entries)
@@ -109,7 +111,8 @@ def write_result(result: dict, path: Path | None, run, entries: tuple[int, int] 
             t.add_row(k, metric_text(k, v))
     Console().print(t)
     also = [result[k] for k in ("submission", "predictions") if result.get(k)]
-    shown = where + str(path)[len(str(run.dir)) :] if str(path).startswith(str(run.dir)) else str(path)
+    if shown is None:
+        shown = where + str(path)[len(str(run.dir)) :] if str(path).startswith(str(run.dir)) else str(path)
     typer.echo(f"wrote {shown}" + "".join(f" and {p}" for p in also))
 
 

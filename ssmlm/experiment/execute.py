@@ -11,6 +11,7 @@ import json
 import threading
 import time
 
+from ssmlm import staging
 from ssmlm.experiment.plan import Job
 
 
@@ -20,22 +21,27 @@ def execute(job: Job, verbose: bool = False) -> tuple[dict, bool]:
 
     quiet, console.quiet = console.quiet, console.quiet or not verbose
     try:
-        if job.kind == "evaluate":
-            return _evaluate(job)
-        if job.kind == "analyze":
-            return _analyze(job)
-        path = job.run_dir / "summary.json"
-        if path.is_file() and "failed" not in (done := json.loads(path.read_text())):
-            return done, True
-        # a run that failed (diverged) is no result: it runs again, from its newest (finite) checkpoint
-        from ssmlm.analyze.plots import LossPlot
-        from ssmlm.train import drive
-
-        kw = {"init": job.init} if job.kind == "finetune" else {}
-        fn = drive.finetune if job.kind == "finetune" else drive.pretrain
-        return fn(job.recipe, job.run_dir, quiet=not verbose, hooks=[LossPlot(job.run_dir)], **kw), False
+        return _execute(job, verbose)
     finally:
         console.quiet = quiet
+        staging.sync(job.run_dir)  # an experiment in a bucket: the run's records there as soon as it ends
+
+
+def _execute(job: Job, verbose: bool) -> tuple[dict, bool]:
+    if job.kind == "evaluate":
+        return _evaluate(job)
+    if job.kind == "analyze":
+        return _analyze(job)
+    path = job.run_dir / "summary.json"
+    if path.is_file() and "failed" not in (done := json.loads(path.read_text())):
+        return done, True
+    # a run that failed (diverged) is no result: it runs again, from its newest (finite) checkpoint
+    from ssmlm.analyze.plots import LossPlot
+    from ssmlm.train import drive
+
+    kw = {"init": job.init} if job.kind == "finetune" else {}
+    fn = drive.finetune if job.kind == "finetune" else drive.pretrain
+    return fn(job.recipe, job.run_dir, quiet=not verbose, hooks=[LossPlot(job.run_dir)], **kw), False
 
 
 def _evaluate(job: Job) -> tuple[dict, bool]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ssmlm import paths, staging
 from ssmlm.errors import CheckpointError, UserError
 from ssmlm.models.convert import (
     CONFIG_FILE,
@@ -166,7 +167,7 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
     from ssmlm.models import build_classifier, build_mlm, flops
 
     out = Path(out_dir).expanduser().resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(p.name != staging.MARK for p in out.iterdir())):
         raise CheckpointError(f"{out_dir}: already exists and is not empty; choose another output directory")
     d, src_info = _resolve(src)
     config, flat = _read_dir(d, str(src))
@@ -189,7 +190,9 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
 
     data = DataConfig(
         source="builtin",
-        tokenizer=str(out / "tokenizer.json"),
+        tokenizer=paths.join(staging.location(out), "tokenizer.json")
+        if staging.url_of(out)
+        else str(out / "tokenizer.json"),
         vocab_size=cfg.vocab_size,
         lowercase=lowercase,
     )
@@ -209,9 +212,12 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
         **recipe_kw,
     )
 
-    # Write into a sibling temporary directory and rename it at the end: no half-written run on failure.
+    # Write into a sibling temporary directory and rename it at the end: no half-written run on failure. A run in
+    # a bucket is written in place (its staging folder, its checkpoint in the bucket: ssmlm.staging), and removed
+    # from the bucket by its staging if this fails.
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
+    remote = staging.url_of(out) is not None
+    tmp = out if remote else Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
     try:
         (tmp / "recipe.yaml").write_text(recipe.to_yaml())
         (tmp / "run.json").write_text(json.dumps(info, indent=2))
@@ -232,10 +238,12 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
         }
         ckpt.save(0, params, {"imported": jnp.zeros((), jnp.int32)}, meta)
         ckpt.close()
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.replace(out)
+        if not remote:
+            if out.exists():
+                out.rmdir()  # empty (checked above)
+            tmp.replace(out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not remote:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
