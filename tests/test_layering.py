@@ -3,7 +3,7 @@ import cycles (imports inside functions count: a lazy import is still a dependen
 
 A package has one layer, except for modules listed on their own in LAYER: a module-level entry (e.g.
 "models.config") overrides its package's layer. That is how the recipe's schema modules — each package's
-section dataclasses and field ranges (models.config, data.config, objectives.config, train.config) and the rule
+section dataclasses and field ranges (models.config, data.config, objectives.config, train_config) and the rule
 vocabulary they share (schema) — sit low, below recipe and checks, which only load and check them.
 
 Models never see the training config: no module of ssmlm.models imports ssmlm.recipe or ssmlm.train at all,
@@ -25,7 +25,7 @@ LAYER = {
     "staging": 0,  # a run in a bucket worked on in a local folder: its records staged, its checkpoints not
     "targets": 0,  # the accelerators a user rents, as data, and their compile-only devices
     # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
-    "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
+    "models.config": 1, "data.config": 1, "objectives.config": 1, "train_config": 1,
     "models": 2,
     "recipe": 3, "checks": 3, "data": 3,
     "run_recipe": 3,  # a run's recipe.yaml read as plain YAML, for the CLI's checks before jax (runs/ imports it)
@@ -44,7 +44,7 @@ LAYER = {
 }  # fmt: skip
 
 # what no module of ssmlm.models may import, under TYPE_CHECKING included (a module, or a package and its modules)
-MODELS_NEVER_IMPORT = ("ssmlm.recipe", "ssmlm.train")
+MODELS_NEVER_IMPORT = ("ssmlm.recipe", "ssmlm.train", "ssmlm.train_config")
 
 
 def modules() -> dict[str, Path]:
@@ -159,7 +159,7 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert edges["ssmlm.models.x"] == {"ssmlm.train.loop"} and edges["ssmlm.train.loop"] == {"ssmlm.models.x"}
     assert layer("ssmlm.train.loop") > layer("ssmlm.models.x")
     # a module-level entry overrides its package's layer: the schema modules sit below recipe and checks
-    assert layer("ssmlm.train.config") < layer("ssmlm.recipe") == layer("ssmlm.checks") < layer("ssmlm.train.optim")
+    assert layer("ssmlm.train_config") < layer("ssmlm.recipe") == layer("ssmlm.checks") < layer("ssmlm.train.optim")
     assert layer("ssmlm.models.config") < layer("ssmlm.models.bigs") and layer("ssmlm.schema") == 0
     # the training loop evaluates through evaluate's runner; evaluating a run's checkpoint sits above training
     assert layer("ssmlm.evaluate.runner") < layer("ssmlm.train.loop") < layer("ssmlm.evaluate.run")
@@ -167,10 +167,10 @@ def test_the_rules_catch_a_violation(tmp_path):
     mods = {
         "ssmlm.models.y": tmp_path / "y.py",
         "ssmlm.recipe": tmp_path / "recipe.py",
-        "ssmlm.train.config": tmp_path / "config.py",
+        "ssmlm.train_config": tmp_path / "config.py",
     }
     (tmp_path / "y.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ssmlm.train.config import TrainConfig\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ssmlm.train_config import TrainConfig\n"
         "    from ssmlm import recipe\n"
     )
     (tmp_path / "recipe.py").write_text("")
@@ -178,7 +178,7 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert imports(mods)["ssmlm.models.y"] == set()
     assert sorted(models_importing_training(imports(mods, type_checking=True))) == [
         "ssmlm.models.y -> ssmlm.recipe",
-        "ssmlm.models.y -> ssmlm.train.config",
+        "ssmlm.models.y -> ssmlm.train_config",
     ]
 
 
