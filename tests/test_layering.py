@@ -179,6 +179,22 @@ def test_no_package_cycles():
     assert not found, "package import cycles: " + " | ".join(named)
 
 
+def test_the_developing_guide_shows_this_table():
+    """docs/developing.md's table of layers (a line per layer, top first) names what LAYER does, each at its layer."""
+    text = (ROOT.parent / "docs" / "developing.md").read_text()
+    table = text.split("layer  imports only from the lines below it (and its own)\n")[1].split("```")[0]
+    shown: dict[str, int] = {}
+    n = None
+    for line in table.splitlines():
+        first, _, rest = line.strip().partition(" ")
+        if first.isdigit():
+            n, line = int(first), rest
+        for name in line.split(","):
+            if name.strip():
+                shown[name.strip().removesuffix("/").removesuffix(".py")] = n
+    assert shown == LAYER
+
+
 def test_the_rules_catch_a_violation(tmp_path):
     """The walker sees lazy imports and `from ssmlm import x` forms (else the tests above could not fail)."""
     mods = {"ssmlm.models.x": tmp_path / "x.py", "ssmlm.train.loop": tmp_path / "loop.py"}
