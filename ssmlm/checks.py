@@ -7,7 +7,7 @@ built or written. Messages have the loader's shape, naming where the value came 
     --stop-after = -3: expected at least 1
 
 Nothing heavy is imported here, so a mistake is reported at once. The ranges of each section's fields live
-beside its dataclasses (ssmlm.models.config, ssmlm.data.config, ssmlm.objectives.config, ssmlm.train.config)
+beside its dataclasses (ssmlm.models.config, ssmlm.data.config, ssmlm.objectives.config, ssmlm.train_config)
 and are assembled into FIELDS here; a new recipe field gets a line in its package's table (or in RELATIONS
 here when it depends on another field). The rules themselves (Rule, POSITIVE, …) are ssmlm.schema's.
 """
@@ -40,7 +40,7 @@ from ssmlm.schema import (
     at_least,
     within,
 )
-from ssmlm.train.config import MESH_RANGES, TRAIN_RANGES
+from ssmlm.train_config import MESH_RANGES, TRAIN_RANGES
 
 # the rules (ssmlm.schema), importable from here as well: checks.POSITIVE, checks.Rule, …
 __all__ = [

@@ -23,8 +23,7 @@ from ssmlm import checks, paths, staging
 from ssmlm.data.finetune_task import check_encoder_task, check_lm_task, task_name, with_task_options
 from ssmlm.data.lm_tasks import default_recipe
 from ssmlm.data.sources import check_inputs
-from ssmlm.errors import Interrupted, UserError
-from ssmlm.evaluate.printouts import (
+from ssmlm.display.printouts import (
     print_best_validation,
     print_plan,
     print_result,
@@ -32,6 +31,7 @@ from ssmlm.evaluate.printouts import (
     write_result,
     write_seeds,
 )
+from ssmlm.errors import Interrupted, UserError
 from ssmlm.models.config import is_lm
 from ssmlm.run_recipe import check_max_tokens, run_arch
 
@@ -241,7 +241,8 @@ def _dry_run_on_target(command: str, r, make_work, target: str, fit: bool, as_js
 
         work = make_work()
     if fit:
-        from ssmlm.train.fit import fit_on_target, print_fit
+        from ssmlm.display.printouts import print_fit
+        from ssmlm.train.fit import fit_on_target
 
         found = fit_on_target(r, work, target, quiet=quiet or as_json)
         if as_json:
@@ -253,7 +254,7 @@ def _dry_run_on_target(command: str, r, make_work, target: str, fit: bool, as_js
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
-        from ssmlm.evaluate.printouts import print_target_report
+        from ssmlm.display.printouts import print_target_report
 
         print_target_report(report)
 
@@ -780,7 +781,7 @@ def evaluate(
         _in_bucket(ckpt) as local,
         staging.output(out) if out else contextlib.nullcontext() as out_local,
     ):
-        from ssmlm.evaluate.run import evaluate_run
+        from ssmlm.checkpoint_eval.run import evaluate_run
         from ssmlm.runs import open_run
 
         start.label = f"evaluate: opening {ckpt}"

@@ -7,7 +7,7 @@ expected.
 
 This module only loads, merges and dispatches. The sections' dataclasses and the ranges of their fields
 belong to the packages that read them: ``model:`` ssmlm.models.config, ``data:`` and ``task:``
-ssmlm.data.config, ``objective:`` ssmlm.objectives.config, ``train:`` and ``mesh:`` ssmlm.train.config.
+ssmlm.data.config, ``objective:`` ssmlm.objectives.config, ``train:`` and ``mesh:`` ssmlm.train_config.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ssmlm.data.config import DataConfig, PhonebookSettings, TaskConfig
 from ssmlm.errors import RecipeError
 from ssmlm.models.config import FAMILIES, ModelConfig, config_class, owners
 from ssmlm.objectives.config import ControllerSettings, ObjectiveConfig
-from ssmlm.train.config import MeshConfig, ParamRuleConfig, TrainConfig
+from ssmlm.train_config import MeshConfig, ParamRuleConfig, TrainConfig
 
 __all__ = [
     "ControllerSettings",

@@ -1,7 +1,7 @@
 """The vocabulary of recipe schemas: a value rule (``Rule``) and the common ranges.
 
 Every package keeps its recipe section beside its code (ssmlm.models.config, ssmlm.data.config,
-ssmlm.objectives.config, ssmlm.train.config): the dataclasses, and next to them a table of the allowed values
+ssmlm.objectives.config, ssmlm.train_config): the dataclasses, and next to them a table of the allowed values
 of their fields, built from the rules here. ssmlm.checks assembles those tables and checks a loaded recipe
 against them. This module is the bottom of the stack: it imports the standard library and ssmlm.errors only,
 so any schema module can use it.

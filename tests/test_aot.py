@@ -353,7 +353,7 @@ def test_trip_count_read_from_the_condition(cond, start, update, trips):
 )
 def test_unrecognised_loop_is_counted_once_and_named(cond, update):
     """A loop of another form is counted once, never silently: the report names it."""
-    from ssmlm.evaluate.printouts import target_rows
+    from ssmlm.display.printouts import target_rows
     from ssmlm.train.aot import collectives
 
     comm, unknown = collectives(loop_hlo(cond, update=update), 4)

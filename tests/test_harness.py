@@ -20,11 +20,11 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from ssmlm.checkpoint_eval.harness import SsmlmLM, run_harness  # noqa: E402
 from ssmlm.data.reserved import PARADIGMS, START  # noqa: E402
 from ssmlm.errors import UserError  # noqa: E402
 from ssmlm.models.decode import Sampling  # noqa: E402
 from ssmlm.runs.scoring import continuation_logprobs  # noqa: E402
-from ssmlm.train.harness import SsmlmLM, run_harness  # noqa: E402
 
 # Scores computed in other batches (other padding, other bucket lengths) agree to float32 rounding. A log-probability
 # is a sum of same-sign terms (each log p ≤ 0), so its own magnitude is its terms' (tests/numerics.py): an absolute
@@ -236,9 +236,9 @@ def test_user_errors(run_dir, task_dir):
 def test_missing_lm_eval_is_a_one_line_user_error(monkeypatch):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
         monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "ssmlm.train.harness")
+    monkeypatch.delitem(sys.modules, "ssmlm.checkpoint_eval.harness")
     with pytest.raises(UserError, match=r"pip install 'ssmlm\[harness\]'") as e:
-        importlib.import_module("ssmlm.train.harness")
+        importlib.import_module("ssmlm.checkpoint_eval.harness")
     assert "\n" not in str(e.value)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import english_lines
 
+from ssmlm.checkpoint_eval.infilling import choose, evaluate_infilling
 from ssmlm.data.infilling import (
     BLANK,
     CHAINS,
@@ -22,7 +23,6 @@ from ssmlm.data.infilling import (
 from ssmlm.data.reserved import PARADIGMS, START
 from ssmlm.data.tokenizer import train_byte_bpe
 from ssmlm.errors import DataError
-from ssmlm.evaluate.infilling import choose, evaluate_infilling
 from ssmlm.models import build_lm
 from ssmlm.models.config import ModelConfig
 from ssmlm.recipe import Recipe

@@ -1,50 +1,52 @@
 """The import graph of ssmlm/ follows the data flow: lower layers never import higher ones, and there are no
 import cycles (imports inside functions count: a lazy import is still a dependency).
 
-A package has one layer, except for modules listed on their own in LAYER: a module-level entry (e.g.
-"models.config") overrides its package's layer. That is how the recipe's schema modules — each package's
-section dataclasses and field ranges (models.config, data.config, objectives.config, train.config) and the rule
-vocabulary they share (schema) — sit low, below recipe and checks, which only load and check them.
+Every package has one layer, and so does every top-level module: LAYER names no module inside a package. So the
+graph of packages (each module collapsed to its top-level package under ssmlm/) has no cycles either, which
+a package reads whole: what it may import is what sits below it. The recipe's sections are each package's
+config.py (models, data, objectives), imported by recipe and checks above them; the ``train:`` and ``mesh:``
+sections are train_config.py at the bottom, not in train/, because train/ imports the recipe.
 
-Models never see the training config: no module of ssmlm.models imports ssmlm.recipe or ssmlm.train at all,
-not even for type hints under ``if TYPE_CHECKING:`` (which the layer rule otherwise skips)."""
+Models never see the training config: no module of ssmlm.models imports ssmlm.recipe, ssmlm.train or
+ssmlm.train_config at all, not even for type hints under ``if TYPE_CHECKING:`` (which the layer rule otherwise
+skips)."""
 
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "ssmlm"
 
-# package, top-level module or (overriding its package's) module -> layer; an import may only go to the same
-# or a lower layer. Laid out by hand (fmt: skip): modules of one layer share a line, so that a line reads as a layer.
+# package or top-level module -> layer; an import may only go to the same or a lower layer. Laid out by hand
+# (fmt: skip): one line per layer, or per small group of a layer, so that a line reads as a layer.
 LAYER = {
     "errors": 0, "lockfile": 0, "progress": 0, "schema": 0, "yamlfile": 0,  # schema: Rule and the common ranges
     "paths": 0,  # local paths and gs:// URLs told apart, and the bucket operations
     "hosts": 0,  # what the hosts of one run wait on from each other, with deadlines; the shared-disk probe
     "staging": 0,  # a run in a bucket worked on in a local folder: its records staged, its checkpoints not
     "targets": 0,  # the accelerators a user rents, as data, and their compile-only devices
-    # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
-    "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
-    "models": 2,
-    "recipe": 3, "checks": 3, "data": 3,
-    "run_recipe": 3,  # a run's recipe.yaml read as plain YAML, for the CLI's checks before jax (runs/ imports it)
-    "evaluate": 3,  # evaluate/: metrics, tables and the one eval step and loop (runner), for objectives and train
+    "train_config": 0,  # the recipe's train: and mesh: sections (the other sections are their packages' config.py)
+    "models": 1,
+    "evaluate": 2,  # metrics, tables and the one eval step and loop (runner), for data, objectives and train
+    "data": 3,
     "objectives": 4,
-    "runs": 5,
-    # the decoding evaluations of a language model: they drive a run's generator and score with evaluate's metrics
-    "evaluate.phonebook": 5, "evaluate.squad_gen": 5, "evaluate.infilling": 5,
-    "train": 6,
-    # evaluation of a run's checkpoint (`ssmlm evaluate`): on the held-out batches its training evaluated on, built
-    # by train's parts, and through the lm-eval adapter (train.harness); training itself calls only the runner
-    "evaluate.run": 7, "evaluate.lm": 7,
-    "analyze": 7,
-    "experiment": 7,  # arms × seeds of ordinary runs (train's drivers), their intervals and plots (analyze's)
-    "cli": 8, "__main__": 8,
+    "recipe": 5, "checks": 5,  # they load and check the sections of models/, data/, objectives/ and train_config
+    "run_recipe": 5,  # a run's recipe.yaml read as plain YAML, for the CLI's checks before jax (runs/ imports it)
+    "runs": 6,
+    "train": 7,
+    # evaluation of a run's checkpoint (`ssmlm evaluate`): on the held-out batches train's parts build, by
+    # decoding (phone book, SQuAD, infilling) and through the lm-eval adapter; training calls only the runner
+    "checkpoint_eval": 8,
+    "analyze": 8,
+    "display": 8,  # what a command prints when it is done, and how numbers and tables read on a terminal
+    "experiment": 9,  # arms × seeds of ordinary runs (train's drivers, `ssmlm evaluate`), intervals, plots
+    "cli": 10, "__main__": 10,
 }  # fmt: skip
 
 # what no module of ssmlm.models may import, under TYPE_CHECKING included (a module, or a package and its modules)
-MODELS_NEVER_IMPORT = ("ssmlm.recipe", "ssmlm.train")
+MODELS_NEVER_IMPORT = ("ssmlm.recipe", "ssmlm.train", "ssmlm.train_config")
 
 
 def modules() -> dict[str, Path]:
@@ -89,13 +91,45 @@ def imports(mods: dict[str, Path], type_checking: bool = False) -> dict[str, set
     return edges
 
 
+def node(module: str) -> str:
+    """The top-level package of ``module`` under ssmlm/ (or the top-level module): "ssmlm.train.loop" -> "train"."""
+    return module.removeprefix("ssmlm.").partition(".")[0]
+
+
 def layer(module: str) -> int:
-    """The layer of the longest entry of LAYER that names ``module`` or a package above it."""
-    key = module.removeprefix("ssmlm.")
-    while key not in LAYER and "." in key:
-        key = key.rpartition(".")[0]
+    """The layer of the package (or top-level module) that ``module`` is in."""
+    key = node(module)
     assert key in LAYER, f"{module}: not in the layer table of tests/test_layering.py"
     return LAYER[key]
+
+
+def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with every module collapsed to its top-level package: package -> the packages it imports."""
+    out: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        if a != "ssmlm":
+            out.setdefault(node(a), set()).update(node(b) for b in bs if node(b) != node(a))
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[str]:
+    """The cycles a depth-first walk of ``edges`` closes, each as "a -> b -> a" (none: the graph is acyclic)."""
+    state: dict[str, int] = {}
+    found: list[str] = []
+
+    def visit(u: str, path: list[str]) -> None:
+        state[u] = 1
+        for v in sorted(edges.get(u, ())):
+            if state.get(v) == 1:
+                found.append(" -> ".join(path[path.index(v) :] + [v]))
+            elif v not in state:
+                visit(v, path + [v])
+        state[u] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    return found
 
 
 def models_importing_training(edges: dict[str, set[str]]) -> list[str]:
@@ -113,6 +147,8 @@ def test_every_package_has_a_layer():
     for m in modules():
         if m != "ssmlm":
             layer(m)
+    split = [k for k in LAYER if "." in k]
+    assert not split, f"a package has one layer; LAYER names modules inside one: {split}"
 
 
 def test_no_import_goes_up():
@@ -128,23 +164,35 @@ def test_models_never_import_the_training_config():
 
 
 def test_no_import_cycles():
-    edges = imports(modules(), type_checking=True)  # a cycle through type hints is still a cycle to a reader
-    state: dict[str, int] = {}
-    cycles: list[str] = []
+    found = cycles(imports(modules(), type_checking=True))  # a cycle through type hints is still one to a reader
+    assert not found, "import cycles: " + "; ".join(found)
 
-    def visit(u: str, path: list[str]) -> None:
-        state[u] = 1
-        for v in sorted(edges.get(u, ())):
-            if state.get(v) == 1:
-                cycles.append(" -> ".join(path[path.index(v) :] + [v]))
-            elif v not in state:
-                visit(v, path + [v])
-        state[u] = 2
 
-    for m in sorted(edges):
-        if m not in state:
-            visit(m, [m])
-    assert not cycles, "import cycles: " + "; ".join(cycles)
+def test_no_package_cycles():
+    """Modules collapsed to their top-level packages: no package imports one that imports it back, even through
+    others (the module graph can be acyclic while its packages are not). A failure names each cycle and, for each
+    of its steps, one module import that makes it."""
+    edges = imports(modules(), type_checking=True)
+    found = cycles(packages(edges))
+    steps = {(node(a), node(b)): f"{a} -> {b}" for a, bs in sorted(edges.items()) for b in sorted(bs)}
+    named = [c + " (" + "; ".join(steps[p, q] for p, q in pairwise(c.split(" -> "))) + ")" for c in found]
+    assert not found, "package import cycles: " + " | ".join(named)
+
+
+def test_the_developing_guide_shows_this_table():
+    """docs/developing.md's table of layers (a line per layer, top first) names what LAYER does, each at its layer."""
+    text = (ROOT.parent / "docs" / "developing.md").read_text()
+    table = text.split("layer  imports only from the lines below it (and its own)\n")[1].split("```")[0]
+    shown: dict[str, int] = {}
+    n = None
+    for line in table.splitlines():
+        first, _, rest = line.strip().partition(" ")
+        if first.isdigit():
+            n, line = int(first), rest
+        for name in line.split(","):
+            if name.strip():
+                shown[name.strip().removesuffix("/").removesuffix(".py")] = n
+    assert shown == LAYER
 
 
 def test_the_rules_catch_a_violation(tmp_path):
@@ -158,19 +206,23 @@ def test_the_rules_catch_a_violation(tmp_path):
     edges = imports(mods)
     assert edges["ssmlm.models.x"] == {"ssmlm.train.loop"} and edges["ssmlm.train.loop"] == {"ssmlm.models.x"}
     assert layer("ssmlm.train.loop") > layer("ssmlm.models.x")
-    # a module-level entry overrides its package's layer: the schema modules sit below recipe and checks
-    assert layer("ssmlm.train.config") < layer("ssmlm.recipe") == layer("ssmlm.checks") < layer("ssmlm.train.optim")
-    assert layer("ssmlm.models.config") < layer("ssmlm.models.bigs") and layer("ssmlm.schema") == 0
+    assert cycles(edges) == ["ssmlm.models.x -> ssmlm.train.loop -> ssmlm.models.x"]
+    # a module's layer is its package's: the sections' schemas sit below recipe and checks, which load them
+    assert layer("ssmlm.train_config") < layer("ssmlm.recipe") == layer("ssmlm.checks") < layer("ssmlm.train.optim")
+    assert layer("ssmlm.models.config") == layer("ssmlm.models.bigs") < layer("ssmlm.recipe")
     # the training loop evaluates through evaluate's runner; evaluating a run's checkpoint sits above training
-    assert layer("ssmlm.evaluate.runner") < layer("ssmlm.train.loop") < layer("ssmlm.evaluate.run")
+    assert layer("ssmlm.evaluate.runner") < layer("ssmlm.train.loop") < layer("ssmlm.checkpoint_eval.run")
+    # modules with no cycle among them can still make one among their packages
+    package_cycle = {"ssmlm.a.x": {"ssmlm.b.y"}, "ssmlm.b.y": set(), "ssmlm.b.z": {"ssmlm.a.w"}, "ssmlm.a.w": set()}
+    assert cycles(package_cycle) == [] and cycles(packages(package_cycle)) == ["a -> b -> a"]
     # the models rule sees type-hint-only imports (the layer rule skips them), `from ssmlm import recipe` included
     mods = {
         "ssmlm.models.y": tmp_path / "y.py",
         "ssmlm.recipe": tmp_path / "recipe.py",
-        "ssmlm.train.config": tmp_path / "config.py",
+        "ssmlm.train_config": tmp_path / "config.py",
     }
     (tmp_path / "y.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ssmlm.train.config import TrainConfig\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ssmlm.train_config import TrainConfig\n"
         "    from ssmlm import recipe\n"
     )
     (tmp_path / "recipe.py").write_text("")
@@ -178,7 +230,7 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert imports(mods)["ssmlm.models.y"] == set()
     assert sorted(models_importing_training(imports(mods, type_checking=True))) == [
         "ssmlm.models.y -> ssmlm.recipe",
-        "ssmlm.models.y -> ssmlm.train.config",
+        "ssmlm.models.y -> ssmlm.train_config",
     ]
 
 

@@ -370,7 +370,7 @@ def lm_run(tmp_path_factory):
 
 
 def test_evaluator_on_a_tiny_model(lm_run):
-    from ssmlm.evaluate.phonebook import evaluate_phonebook, phonebook_items
+    from ssmlm.checkpoint_eval.phonebook import evaluate_phonebook, phonebook_items
     from ssmlm.runs.generate import load_generator
 
     gen = load_generator(lm_run)
@@ -395,7 +395,7 @@ def test_evaluator_on_a_tiny_model(lm_run):
 def test_prompt_objective_through_a_real_model_under_jit(lm_run):
     from flax import nnx
 
-    from ssmlm.evaluate.phonebook import phonebook_items
+    from ssmlm.checkpoint_eval.phonebook import phonebook_items
     from ssmlm.runs.generate import load_generator
 
     gen = load_generator(lm_run)

@@ -156,8 +156,8 @@ def test_by_length_bins():
 
 
 def test_evaluate_squad_on_a_tiny_model(tiny_lm, tmp_path):
+    from ssmlm.checkpoint_eval.squad_gen import evaluate_squad
     from ssmlm.evaluate.qa_metrics import score
-    from ssmlm.evaluate.squad_gen import evaluate_squad
     from ssmlm.models.decode import Sampling
     from ssmlm.runs.generate import load_generator
 

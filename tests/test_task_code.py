@@ -73,7 +73,7 @@ def test_a_jinja_template_reaching_python_is_refused(tiny_lm, tmp_path):
 
 
 def test_trusted_task_code_runs(tiny_lm, tmp_path):
-    from ssmlm.train.harness import run_harness
+    from ssmlm.checkpoint_eval.harness import run_harness
 
     d, marker = tmp_path / "tasks", tmp_path / "imported"
     text = task_folder(d, marker)
@@ -84,7 +84,7 @@ def test_trusted_task_code_runs(tiny_lm, tmp_path):
 
 
 def test_the_lm_eval_command_line_refuses_too(tmp_path, monkeypatch, capsys):
-    from ssmlm.train.harness import lm_eval_cli
+    from ssmlm.checkpoint_eval.harness import lm_eval_cli
 
     d, marker = tmp_path / "tasks", tmp_path / "imported"
     text = task_folder(d, marker)

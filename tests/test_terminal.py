@@ -1,4 +1,4 @@
-"""What a person reads at 80 columns (ssmlm.evaluate.terminal): counts as integers, table titles broken between
+"""What a person reads at 80 columns (ssmlm.display.terminal): counts as integers, table titles broken between
 words only, and an analysis's result as tables (`ssmlm analyze NAME`), with --json for the raw form."""
 
 import io
@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import invoke
 from rich.console import Console
 
-from ssmlm.evaluate.terminal import fit_title, metric_text, result_tables, titled
+from ssmlm.display.terminal import fit_title, metric_text, result_tables, titled
 
 
 def printed(*renderables, width: int = 80) -> list[str]:
@@ -86,7 +86,7 @@ def test_analyze_prints_tables_and_json_on_request(tmp_path, monkeypatch):
 
 def test_run_summary_at_80_columns(monkeypatch, capsys):
     """The table after training: its title (the run's path) on one line, counts as integers."""
-    from ssmlm.evaluate.printouts import print_summary
+    from ssmlm.display.printouts import print_summary
 
     monkeypatch.setenv("COLUMNS", "80")
     summary = {

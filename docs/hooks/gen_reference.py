@@ -370,7 +370,7 @@ def recipe_reference() -> str:
         "# Recipe fields",
         "",
         "Generated from the config dataclasses (`ssmlm/recipe.py` re-exports them from `ssmlm/models/config.py`, "
-        "`ssmlm/data/config.py`, `ssmlm/objectives/config.py` and `ssmlm/train/config.py`) and the range tables "
+        "`ssmlm/data/config.py`, `ssmlm/objectives/config.py` and `ssmlm/train_config.py`) and the range tables "
         "that `ssmlm/checks.py` assembles, when the site is built. *What* is the comment beside the field in its "
         "config.py; *allowed* is what a recipe is checked against before anything is read, built or written "
         "(a value outside it is one `error:` line naming the file or `--set`, the key and this text).",

@@ -5,7 +5,7 @@ Plain data (no jax), so that the CLI and experiment files check a task name befo
 functions are named "module:function" and imported on use. A new task is its functions plus one entry here:
 
     reader(recipe, tokenizer, seq_len, quiet) -> (training pairs, validation pairs)   dicts with prompt, response
-    evaluation(run, generator, request) -> metrics and records      request: ssmlm.evaluate.lm.EvalRequest
+    evaluation(run, generator, request) -> metrics and records      request: ssmlm.checkpoint_eval.lm.EvalRequest
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ LM_TASKS: dict[str, LMTask] = {
         "Birdie phone-book retrieval: generated books, the numbers of the queried names (finetune, evaluate)",
         recipe="phonebook_finetune",
         reader="ssmlm.train.parts.prompts:phonebook_pairs",
-        evaluation="ssmlm.evaluate.lm:phonebook",
+        evaluation="ssmlm.checkpoint_eval.lm:phonebook",
         keeps_validation=True,
         data_line=_phone_books,
         encoder_hint=", finetune it with `--task phonebook --recipe phonebook_tiny`",
@@ -55,11 +55,11 @@ LM_TASKS: dict[str, LMTask] = {
     ),
     "squad_v2": LMTask(
         "answerable SQuAD v2 questions (Birdie §4.4): contains-label and F1 by context length (evaluate)",
-        evaluation="ssmlm.evaluate.lm:squad_v2",
+        evaluation="ssmlm.checkpoint_eval.lm:squad_v2",
     ),
     "infilling": LMTask(
         "story infilling (Birdie §4.5): multiple choice by target-length-normalised loss, a local JSONL (evaluate)",
-        evaluation="ssmlm.evaluate.lm:infilling",
+        evaluation="ssmlm.checkpoint_eval.lm:infilling",
     ),
 }
 

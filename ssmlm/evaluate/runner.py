@@ -7,7 +7,7 @@ training loop) build it once and pass it as ``eval_step``. ``predict`` is ``run_
 ``predictions``: the class (or regression score) per real example.
 
 May import: jax, flax, numpy, ssmlm.progress. Imported by the training loop (ssmlm.train.loop), `ssmlm evaluate`
-(ssmlm.evaluate.run) and the analyses.
+(ssmlm.checkpoint_eval.run) and the analyses.
 """
 
 from __future__ import annotations

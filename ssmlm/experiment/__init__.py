@@ -12,7 +12,7 @@
     sweep_report.py  a budget sweep's tables (accuracy per budget, the first budget above chance, paired
                 differences), sweep.csv and sweep-EVAL.png (accuracy against pretraining budget)
 
-Every stage is run by the same functions the CLI calls (ssmlm.train.drive, ssmlm.evaluate.run and ssmlm.evaluate.lm,
-the ssmlm.analyze commands), so a run directory of an experiment is one that `ssmlm pretrain|finetune|evaluate|
-analyze` would have written.
+Every stage is run by the same functions the CLI calls (ssmlm.train.drive, ssmlm.checkpoint_eval.run and
+ssmlm.checkpoint_eval.lm, the ssmlm.analyze commands), so a run directory of an experiment is one that
+`ssmlm pretrain|finetune|evaluate|analyze` would have written.
 """

@@ -45,14 +45,14 @@ def _execute(job: Job, verbose: bool) -> tuple[dict, bool]:
 
 
 def _evaluate(job: Job) -> tuple[dict, bool]:
-    from ssmlm.evaluate.printouts import result_name  # the file `ssmlm evaluate` writes
+    from ssmlm.display.printouts import result_name  # the file `ssmlm evaluate` writes
     from ssmlm.runs import atomic_write, open_run
 
     run = open_run(job.run_dir)
     path = run.dir / "eval" / result_name(job.task or run.info.get("task") or run.kind, job.split, job.entries)
     if path.is_file() and not _stale(done := json.loads(path.read_text()), job):
         return done, True
-    from ssmlm.evaluate.run import evaluate_run  # what `ssmlm evaluate` runs
+    from ssmlm.checkpoint_eval.run import evaluate_run  # what `ssmlm evaluate` runs
 
     result = evaluate_run(
         run, job.task, split=job.split, batch_size=job.batch_size, limit=job.limit, entries=job.entries

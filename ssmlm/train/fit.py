@@ -223,26 +223,3 @@ def why_nothing_fits(search: Search) -> str:
                 "(an estimate: activations do not shrink with more chips at a fixed micro-batch per chip)"
             )
     return text
-
-
-def print_fit(found: dict) -> None:
-    from rich.console import Console
-
-    from ssmlm.evaluate.printouts import print_target_report
-    from ssmlm.evaluate.terminal import titled
-
-    t = titled(f"--fit on {found['target']}: {found['recipe']}", show_header=True)
-    t.add_column("setting")
-    t.add_column("fits")
-    t.add_column("memory / chip", justify="right")
-    for row in found["tried"]:
-        mem = "-" if row["memory"] is None else f"{row['memory'] / 2**30:.2f} GiB"
-        t.add_row(row["setting"], "yes" if row["fits"] else "no", mem)
-    Console().print(t)
-    if found["compile_budget_spent"]:
-        Console().print(f"(the search stopped after {MAX_COMPILES} compiles)")
-    if found["chosen"] is None:
-        Console().print(f"nothing fits: {found['why']}", soft_wrap=True)
-        return
-    print_target_report(found["report"])
-    Console().print("fits with: " + " ".join(f"--set {o}" for o in found["overrides"]), soft_wrap=True)

@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from ssmlm import hosts
 from ssmlm.errors import UserError
 from ssmlm.models.layout import STACKED, is_stacked
-from ssmlm.train.config import MeshConfig
+from ssmlm.train_config import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
 

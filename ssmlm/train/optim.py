@@ -19,7 +19,7 @@ from ssmlm.errors import RecipeError
 from ssmlm.models import family_rules
 from ssmlm.models.config import ModelConfig
 from ssmlm.models.rules import ParamRule, RuleCount, assign, common_rules, first_match, path_name, ssm_rule
-from ssmlm.train.config import TrainConfig
+from ssmlm.train_config import TrainConfig
 
 # parameter group (ParamRule.group) -> its settings in the training config: (lr multiplier, weight decay)
 GROUPS = {"ssm": lambda train: (train.ssm_lr_multiplier, train.ssm_weight_decay)}

@@ -69,7 +69,7 @@ def evaluate_run(
         asked = f"task {task}" if task else "the run's own task"
         raise UserError(f"entries {entries[0]}-{entries[1]}: phone books are task phonebook's, not {asked}")
     if run.recipe.objective.kind == "lm" and task:
-        from ssmlm.evaluate.lm import evaluate_lm_task
+        from ssmlm.checkpoint_eval.lm import evaluate_lm_task
 
         return evaluate_lm_task(
             run, task, data_dir, validation_file, limit, min(batch_size, 8), split, entries, trust_task_code

@@ -64,8 +64,8 @@ def evaluate_lm_task(
 def phonebook(run: Run, gen, request: EvalRequest) -> dict:
     """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed;
     ``request.entries``: of that many entries instead (e.g. larger books than it was finetuned on)."""
+    from ssmlm.checkpoint_eval.phonebook import evaluate_phonebook
     from ssmlm.data.phonebook import phonebook_books
-    from ssmlm.evaluate.phonebook import evaluate_phonebook
 
     task = run.recipe.task
     settings = task.phonebook
@@ -79,8 +79,8 @@ def phonebook(run: Run, gen, request: EvalRequest) -> dict:
 
 
 def squad_v2(run: Run, gen, request: EvalRequest) -> dict:
+    from ssmlm.checkpoint_eval.squad_gen import evaluate_squad
     from ssmlm.data.qa import load_answerable
-    from ssmlm.evaluate.squad_gen import evaluate_squad
     from ssmlm.progress import activity
 
     with activity(f"reading SQuAD v2 ({request.split})"):
@@ -89,8 +89,8 @@ def squad_v2(run: Run, gen, request: EvalRequest) -> dict:
 
 
 def infilling(run: Run, gen, request: EvalRequest) -> dict:
+    from ssmlm.checkpoint_eval.infilling import evaluate_infilling
     from ssmlm.data.infilling import read_jsonl
-    from ssmlm.evaluate.infilling import evaluate_infilling
 
     data_dir, validation_file, limit = request.data_dir, request.validation_file, request.limit
     path = Path(validation_file) if validation_file else (Path(data_dir) / "infilling.jsonl" if data_dir else None)
@@ -104,7 +104,7 @@ def infilling(run: Run, gen, request: EvalRequest) -> dict:
 
 
 def _harness(run: Run, task: str, include_path: str | None, limit: int | None, batch_size: int, trusted: bool) -> dict:
-    from ssmlm.train.harness import run_harness
+    from ssmlm.checkpoint_eval.harness import run_harness
 
     names = [t for t in task.removeprefix("lm-eval:").split(",") if t]
     if not names:

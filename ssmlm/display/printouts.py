@@ -16,7 +16,7 @@ def print_plan(p: dict) -> None:
     """A dry run's plan (ssmlm.train.plan): the model's size, its FLOPs and the memory it needs."""
     from rich.console import Console
 
-    from ssmlm.evaluate.terminal import titled
+    from ssmlm.display.terminal import titled
 
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     t = titled(f"dry run: {p['recipe']} ({p['kind']})", show_header=False)
@@ -45,7 +45,7 @@ def print_summary(summary: dict, run_dir: Path, start: str | None = None) -> Non
     ``start``: where its weights came from, when the title should say (a random initialisation)."""
     from rich.console import Console
 
-    from ssmlm.evaluate.terminal import metric_text, titled
+    from ssmlm.display.terminal import metric_text, titled
 
     t = titled(f"{summary.get('kind', '')} → {run_dir}" + (f", from {start}" if start else ""), show_header=False)
     t.add_row("steps", f"{summary.get('start_step', 0)} → {summary.get('final_step')}")
@@ -72,7 +72,7 @@ def print_best_validation(summary: dict) -> None:
     best = summary.get("best_validation")
     if not best:
         return
-    from ssmlm.evaluate.terminal import metric_text
+    from ssmlm.display.terminal import metric_text
 
     values = ", ".join(f"{k} {metric_text(k, v)}" for k, v in best.items() if k not in ("step", "split"))
     typer.echo(
@@ -100,7 +100,7 @@ def write_result(
     path = path or run.dir / "eval" / result_name(result["task"], result["split"], entries)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
-    from ssmlm.evaluate.terminal import metric_text, titled
+    from ssmlm.display.terminal import metric_text, titled
 
     where = staging.location(run.dir)  # a run in a bucket: its URL, not the staging folder's
     t = titled(f"{result['task']} / {result['split']} — {where} (step {result['step']})")
@@ -137,7 +137,7 @@ def print_result(result: dict, title: str, as_json: bool) -> None:
         return
     from rich.console import Console
 
-    from ssmlm.evaluate.terminal import result_tables
+    from ssmlm.display.terminal import result_tables
 
     console = Console()
     for table in result_tables(result, title, console):
@@ -209,9 +209,33 @@ def target_rows(r: dict) -> list[tuple[str, str]]:
 def print_target_report(r: dict) -> None:
     from rich.console import Console
 
-    from ssmlm.evaluate.terminal import titled
+    from ssmlm.display.terminal import titled
 
     t = titled(f"dry run on {r['target']}: {r['recipe']}", show_header=False)
     for label, text in target_rows(r):
         t.add_row(label, text)
     Console().print(t)
+
+
+def print_fit(found: dict) -> None:
+    """`--dry-run --target --fit`: the settings tried, then the target report of the one chosen (ssmlm.train.fit)."""
+    from rich.console import Console
+
+    from ssmlm.display.terminal import titled
+    from ssmlm.train.fit import MAX_COMPILES
+
+    t = titled(f"--fit on {found['target']}: {found['recipe']}", show_header=True)
+    t.add_column("setting")
+    t.add_column("fits")
+    t.add_column("memory / chip", justify="right")
+    for row in found["tried"]:
+        mem = "-" if row["memory"] is None else f"{row['memory'] / 2**30:.2f} GiB"
+        t.add_row(row["setting"], "yes" if row["fits"] else "no", mem)
+    Console().print(t)
+    if found["compile_budget_spent"]:
+        Console().print(f"(the search stopped after {MAX_COMPILES} compiles)")
+    if found["chosen"] is None:
+        Console().print(f"nothing fits: {found['why']}", soft_wrap=True)
+        return
+    print_target_report(found["report"])
+    Console().print("fits with: " + " ".join(f"--set {o}" for o in found["overrides"]), soft_wrap=True)

@@ -1,7 +1,8 @@
 """The ``train:`` and ``mesh:`` sections of a recipe: one training stage's optimizer, schedule and bookkeeping, and
 the device mesh, each with the allowed values of its fields (TRAIN_RANGES, MESH_RANGES; ssmlm.checks applies
 them to a recipe). Plain dataclasses: reading and checking a recipe stays instant. Imports ssmlm.schema and the
-standard library only.
+standard library only. It sits outside ssmlm/train/, unlike the other sections beside their packages, because
+train/ imports the recipe that this module is a part of.
 """
 
 from __future__ import annotations
