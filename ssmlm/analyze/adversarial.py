@@ -290,9 +290,9 @@ def markdown(table: list[dict]) -> str:
 
 def plot(table: list[dict], out: Path, agreed: bool) -> Path:
     """Accuracy (%) against distractor length, one line per run (the paper's H P vs H ~ P, at several D)."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for k, name in enumerate(dict.fromkeys(r["run"] for r in table)):
         mine = [r for r in table if r["run"] == name]

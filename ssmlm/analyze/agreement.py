@@ -456,9 +456,9 @@ def plot_table5(table: list[dict], title: str, out: Path) -> Path:
 
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     rows = [r for r in table if _n(r) > 0]
     left = [f"{_group(r)}: {r['label']}" for r in table if _n(r) == 0]
     labels = [f"{_group(r)}: {r['label']} (n={_n(r)})" for r in rows]
@@ -508,9 +508,9 @@ def plot_table5(table: list[dict], title: str, out: Path) -> Path:
 
 def plot_attractors(rows: list[dict], title: str, out: Path) -> Path:
     """Figure 8: accuracy against the number of agreement attractors (items per point annotated)."""
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     pts = [r for r in rows if r["accuracy"] is not None]
     if pts:

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend (imported on first use: it takes a second)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,7 +24,7 @@ def save_figure(fig, png: Path, dpi: int = 120, svg: bool = True) -> Path:
     fig.savefig(png, dpi=dpi, bbox_inches="tight", pad_inches=0.08)
     if svg:
         fig.savefig(png.with_suffix(".svg"), bbox_inches="tight", pad_inches=0.08)
-    _plt().close(fig)
+    pyplot().close(fig)
     return png
 
 
@@ -51,7 +52,7 @@ class LossPlot:
 
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Training loss (and the objective's validation loss, when logged) against step."""
-    plt = _plt()
+    plt = pyplot()
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     # a step logged twice (an older run started again) keeps its last line
     train = sorted({r["step"]: r for r in rows if "loss" in r and "split" not in r}.values(), key=lambda r: r["step"])

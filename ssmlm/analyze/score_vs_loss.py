@@ -195,9 +195,9 @@ def analyze_transfer(run_dirs: list[Path], out_dir: Path, metric: str | None = N
 
 def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
     """Score against loss, one line per architecture, each point labelled "source @ step"."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arch in dict.fromkeys(r["arch"] for r in table):
         mine = sorted((r for r in table if r["arch"] == arch), key=lambda r: r["loss"])

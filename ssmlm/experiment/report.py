@@ -236,9 +236,9 @@ def plot(res: dict, path: Path) -> Path:
     """A forest plot, one row per arm (an experiment can have dozens, so names go on the y axis): each arm's mean
     with its 95% interval, the seeds' values as dots, a single reference's mean as a dashed line; a failed arm is
     labelled so, and a mean whose interval is not estimable is drawn hollow, without a bar, with the reason."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     names, was_cut = list(res["arms"]), False
     width = max(3.0, 0.075 * max(map(len, names)))  # room for the longest arm name, in inches
     fig, ax = plt.subplots(figsize=(width + 6.5, 0.32 * len(names) + 1.3))

@@ -385,9 +385,9 @@ def _legend_extras(ax) -> None:
 def _plot_evaluation(s: dict, ev: str, path: Path) -> Path:
     from matplotlib.ticker import NullLocator
 
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     e, budgets, arms = s["evaluations"][ev], s["budgets"], list(s["arms"])
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     chance = e.get("chance")
