@@ -23,6 +23,8 @@ LAYER = {
     "paths": 0,  # local paths and gs:// URLs told apart, and the bucket operations
     "hosts": 0,  # what the hosts of one run wait on from each other, with deadlines; the shared-disk probe
     "staging": 0,  # a run in a bucket worked on in a local folder: its records staged, its checkpoints not
+    "metrics_file": 0,  # a run's metrics.jsonl read back (train writes it, analyze reads it)
+    "markdown": 0,  # the markdown tables of the reports and of `evaluate --table`
     "targets": 0,  # the accelerators a user rents, as data, and their compile-only devices
     # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
     "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,

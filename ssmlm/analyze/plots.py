@@ -4,8 +4,9 @@ use (see the package doc)."""
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
+
+from ssmlm.metrics_file import read_metrics
 
 
 def pyplot():
@@ -53,7 +54,7 @@ class LossPlot:
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Training loss (and the objective's validation loss, when logged) against step."""
     plt = pyplot()
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     # a step logged twice (an older run started again) keeps its last line
     train = sorted({r["step"]: r for r in rows if "loss" in r and "split" not in r}.values(), key=lambda r: r["step"])
     # the objective's own validation loss: mlm_loss (MLM), lm_loss (next token), ...
