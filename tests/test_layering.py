@@ -25,7 +25,7 @@ LAYER = {
     "staging": 0,  # a run in a bucket worked on in a local folder: its records staged, its checkpoints not
     "metrics_file": 0,  # a run's metrics.jsonl read back (train writes it, analyze reads it)
     "markdown": 0,  # the markdown tables of the reports and of `evaluate --table`
-    "targets": 0,  # the accelerators a user rents, as data, and their compile-only devices
+    "targets": 0,  # the accelerators a user rents, as data (catalogue), and their compile-only devices (compile_only)
     # the recipe's sections, each beside its package: dataclasses and field ranges (they import only schema)
     "models.config": 1, "data.config": 1, "objectives.config": 1, "train.config": 1,
     "models": 2,
