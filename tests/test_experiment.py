@@ -16,8 +16,8 @@ from conftest import english_lines, invoke, tiny_recipe
 from scipy import stats
 
 from ssmlm.experiment import stats as xstats
-from ssmlm.experiment.eta import fmt_time
 from ssmlm.experiment.spec import ExperimentError, load_experiment
+from ssmlm.progress import clock_time
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -483,11 +483,11 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     lines = []
     r = Runner(Path("."), Counter(pretrain=3, finetune=2), steps=4200, echo=lines.append)
     r._finish(jobs[0], Outcome(True, {}, 20.0))  # 0.1 s per step
-    assert lines[-1].endswith("4 to go, ETA 6m40s + the finetune runs (none timed yet)"), lines[-1]
+    assert lines[-1].endswith("4 to go, ETA 0:06:40 + the finetune runs (none timed yet)"), lines[-1]
     r._finish(jobs[1], Outcome(True, {}, 0.0, reused=True))  # reused: no time, its steps are no longer to go
-    assert "ETA 5m20s +" in lines[-1], lines[-1]
+    assert "ETA 0:05:20 +" in lines[-1], lines[-1]
     r._finish(Job("f", "finetune", "f", Path("f")), Outcome(True, {}, 30.0))
-    assert lines[-1].endswith("2 to go, ETA 5m50s"), lines[-1]
+    assert lines[-1].endswith("2 to go, ETA 0:05:50"), lines[-1]
 
 
 # ----------------------------------------------------------------------------- the order of work
@@ -616,7 +616,8 @@ def test_a_file_of_one_arm_runs_without_comparisons(setup):
     # the dry run's estimate: the measured seconds per step of seed 0 × the steps of seed 1 (as long), one at a time
     measured = json.loads((out / "runs" / "bigs" / "seed0" / "pretrain" / "summary.json").read_text())
     plan = run_experiment(path, out, "--dry-run", "--jobs", "2").output
-    assert f"time: about {fmt_time(measured['seconds_total'])} for the 1 run to go at --jobs 2 (from the 1 done" in plan
+    about = clock_time(measured["seconds_total"])
+    assert f"time: about {about} for the 1 run to go at --jobs 2 (from the 1 done" in plan
     r = run_experiment(path, out)
     assert r.exit_code == 0, r.output
     assert "experiment one: 1 arm × 2 seeds, 2 runs" in r.output

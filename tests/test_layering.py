@@ -26,7 +26,9 @@ LAYER = {
     "paths": 0,  # local paths and gs:// URLs told apart, and the bucket operations
     "hosts": 0,  # what the hosts of one run wait on from each other, with deadlines; the shared-disk probe
     "staging": 0,  # a run in a bucket worked on in a local folder: its records staged, its checkpoints not
-    "targets": 0,  # the accelerators a user rents, as data, and their compile-only devices
+    "metrics_file": 0,  # a run's metrics.jsonl read back (train writes it, analyze reads it)
+    "markdown": 0,  # the markdown tables of the reports and of `evaluate --table`
+    "targets": 0,  # the accelerators a user rents, as data (catalogue), and their compile-only devices (compile_only)
     "train_config": 0,  # the recipe's train: and mesh: sections (the other sections are their packages' config.py)
     "models": 1,
     "evaluate": 2,  # metrics, tables and the one eval step and loop (runner), for data, objectives and train

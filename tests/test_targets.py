@@ -1,4 +1,5 @@
-"""ssmlm.targets: what a user rents, and compile-only devices for it (libtpu and jax's CUDA plugin, no hardware)."""
+"""ssmlm.targets: what a user rents (catalogue), and compile-only devices for it (compile_only: libtpu and jax's CUDA
+plugin, no hardware)."""
 
 import importlib.util
 import os
@@ -9,7 +10,8 @@ import textwrap
 import pytest
 
 from ssmlm.errors import UserError
-from ssmlm.targets import ACCELERATORS, devices, gpu_target_config, known_targets_text, parse_target, peak_flops
+from ssmlm.targets.catalogue import ACCELERATORS, known_targets_text, parse_target, peak_flops
+from ssmlm.targets.compile_only import devices, gpu_target_config
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 HAS_CUDA_PLUGIN = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
@@ -141,7 +143,8 @@ def test_gpu_devices_and_compile():
 _USER_SHELL = textwrap.dedent(
     """
     import sys
-    from ssmlm.targets import devices, parse_target
+    from ssmlm.targets.catalogue import parse_target
+    from ssmlm.targets.compile_only import devices
     from tests.test_targets import _compile_tiny
     found = devices(parse_target("a100-80gb:4x5")) + devices(parse_target("v5e:2x2"))
     memory = _compile_tiny(parse_target("h100-80gb:8"))
@@ -186,7 +189,7 @@ def test_missing_extras_name_the_pip_command(monkeypatch):
 def test_a_cpu_process_with_the_cuda_plugin_prints_none_of_its_start_up_lines():
     """What `ssmlm` and each `experiment --jobs N` worker do on a machine without a GPU: nothing on stderr."""
     code = (
-        "from ssmlm.targets import quiet_cuda_plugin; quiet_cuda_plugin(); "
+        "from ssmlm.targets.compile_only import quiet_cuda_plugin; quiet_cuda_plugin(); "
         "import jax.numpy as jnp; jnp.zeros(2).block_until_ready(); print('ok')"
     )
     done = subprocess.run(

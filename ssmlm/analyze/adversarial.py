@@ -32,6 +32,7 @@ import typer
 from ssmlm import checks
 from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
+from ssmlm.markdown import markdown_table
 
 NAME = "adversarial"
 FIGURE = "BiGS Table 4"
@@ -279,20 +280,20 @@ def markdown(table: list[dict]) -> str:
     """The paper's layout: one row per run, accuracy (%) on H P (D = 0) and on H ~ P at each D > 0."""
     dists = sorted({r["distance"] for r in table})
     head = ["Run", "Arch", *[("H P" if d == 0 else f"H ~ P, D={d}") for d in dists]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for name in dict.fromkeys(r["run"] for r in table):
         mine = {r["distance"]: r for r in table if r["run"] == name}
-        cells = [name, mine[dists[0]]["arch"], *[f"{100 * mine[d]['accuracy']:.1f}" for d in dists]]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append([name, mine[dists[0]]["arch"], *[f"{100 * mine[d]['accuracy']:.1f}" for d in dists]])
+    lines = markdown_table(head, rows)
     note = f"{table[0]['task']} {table[0]['split']}, {table[0]['n']} examples; D: distractor tokens between H and P."
     return "\n".join(lines) + f"\n\n{note}\n"
 
 
 def plot(table: list[dict], out: Path, agreed: bool) -> Path:
     """Accuracy (%) against distractor length, one line per run (the paper's H P vs H ~ P, at several D)."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for k, name in enumerate(dict.fromkeys(r["run"] for r in table)):
         mine = [r for r in table if r["run"] == name]

@@ -35,6 +35,7 @@ import typer
 from ssmlm import checks
 from ssmlm.analyze.plots import save_figure, write_csv
 from ssmlm.errors import DataError, UserError
+from ssmlm.markdown import markdown_table
 
 NAME = "agreement"
 FIGURE = "BiGS Table 5 and Figure 8"
@@ -423,20 +424,17 @@ def _fmt(v) -> str:
 
 
 def markdown(table: list[dict], name: str) -> str:
-    lines = [
-        f"| | ours: {name} | BiGS (paper) | BERT (paper) | LSTM (paper) | items (skipped) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    group = None
+    head = ["", f"ours: {name}", "BiGS (paper)", "BERT (paper)", "LSTM (paper)", "items (skipped)"]
+    rows, group = [], None
     for r in table:
         if r["phenomenon"] != group:
             group = r["phenomenon"]
-            lines.append(f"| **{group.upper()}** | | | | | |")
-        lines.append(
-            f"| {r['label']} | {_fmt(r['accuracy'])} | {_fmt(r['paper_bigs'])} | {_fmt(r['paper_bert'])} "
-            f"| {_fmt(r['paper_lstm'])} | {r['items']} ({r['skipped']}) |"
+            rows.append([f"**{group.upper()}**", "", "", "", "", ""])
+        rows.append(
+            [r["label"], *(_fmt(r[k]) for k in ("accuracy", "paper_bigs", "paper_bert", "paper_lstm"))]
+            + [f"{r['items']} ({r['skipped']})"]
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(markdown_table(head, rows, align="lrrrrr")) + "\n"
 
 
 def _n(row: dict) -> int:
@@ -456,9 +454,9 @@ def plot_table5(table: list[dict], title: str, out: Path) -> Path:
 
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     rows = [r for r in table if _n(r) > 0]
     left = [f"{_group(r)}: {r['label']}" for r in table if _n(r) == 0]
     labels = [f"{_group(r)}: {r['label']} (n={_n(r)})" for r in rows]
@@ -508,9 +506,9 @@ def plot_table5(table: list[dict], title: str, out: Path) -> Path:
 
 def plot_attractors(rows: list[dict], title: str, out: Path) -> Path:
     """Figure 8: accuracy against the number of agreement attractors (items per point annotated)."""
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     pts = [r for r in rows if r["accuracy"] is not None]
     if pts:

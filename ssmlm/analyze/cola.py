@@ -311,9 +311,9 @@ def plot_bars(
     rows: list[dict], key: str, overall: float, axis: str, title: str, out: Path, horizontal: bool = False
 ) -> Path:
     """MCC per group as bars (examples per bar written on it), the MCC over all of them dashed."""
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     labels = [str(r[key]) for r in rows]
     vals = [0.0 if r["mcc"] is None else r["mcc"] for r in rows]
     if horizontal:

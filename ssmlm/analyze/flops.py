@@ -329,9 +329,9 @@ def plot_flops(rows: list[dict], out: Path) -> Path:
     the paper's numbers: a second panel compares how the FLOPs grow with length, each series divided by its
     value at the shortest length both have, and says which sizes they are. With BiGS and BERT both, a panel
     of BERT/BiGS."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     by_model: dict[str, list[dict]] = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)

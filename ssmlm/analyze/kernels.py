@@ -239,9 +239,9 @@ def plot_kernel_map(fwd, bwd, window: int, title: str, out: Path, layer_ids: lis
     K̄[j] is drawn at +j. Position 0 shows the larger of the two |K̄[0]|."""
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     w = min(window, fwd.shape[1] - 1)
     f, b = np.abs(fwd[:, : w + 1]), np.abs(bwd[:, : w + 1])
     rows = np.concatenate([f[:, :0:-1], np.maximum(f[:, :1], b[:, :1]), b[:, 1:]], axis=1)
@@ -270,9 +270,9 @@ def plot_kernel_compare(rows: dict, change: dict, labels: tuple[str, str], title
     """BiGS Figure 4: one panel per layer, K̄ of both runs against relative position -(L-1)..L-1."""
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     n = len(rows)
     fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n + 0.8), sharex=True, squeeze=False)
     for ax, (layer, (k1, k2)) in zip(axes[:, 0], rows.items(), strict=True):

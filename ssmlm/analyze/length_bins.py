@@ -209,9 +209,9 @@ def analyze_length_bins(
 
 def plot(table: list[dict], out: Path) -> Path:
     """Grouped bars: accuracy (%) per length bin, one colour per run, each bar labelled with its example count."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     labels = list(dict.fromkeys(r["bin"] for r in table))
     runs = list(dict.fromkeys(r["run"] for r in table))
     used = [b for b in labels if any(r["n"] for r in table if r["bin"] == b)]  # drop bins no run has examples in

@@ -96,9 +96,9 @@ def plot_mixture(table, classes: list[str], run_dir: Path, png: Path) -> Path:
     each evaluation, with its own legend."""
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.4))
     # the action in force from applies_from until the next one: a step function, drawn as stacked areas
     total = _total_steps(run_dir, int(table["applies_from"].max()))

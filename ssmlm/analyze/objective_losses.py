@@ -119,9 +119,9 @@ def plot_classes(table: list[dict], names: list[str], steps: list[int], losses, 
     """Mean validation loss per class (rows, with their number of configurations) at each evaluation (columns)."""
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     cols = _columns(steps)
     grid = np.array(
         [
@@ -147,9 +147,9 @@ def plot_configs(names: list[str], steps: list[int], losses, title: str, out: Pa
     """Every configuration's validation loss (rows, named and grouped by class) at each evaluation."""
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     cols = _columns(steps)
     classes = list(dict.fromkeys(map(class_of, names)))
     order = sorted(range(len(names)), key=lambda i: (classes.index(class_of(names[i])), i))

@@ -64,7 +64,7 @@ def _lower(key: str) -> int:
 
 
 def analyze_phonebook(runs: list[Path], out_dir: Path, labels: list[str] | None = None) -> dict:
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
     # legend = ``labels``, else the run's name (its path where two runs share a name)
     names = [r.name for r in runs]
@@ -88,7 +88,7 @@ def analyze_phonebook(runs: list[Path], out_dir: Path, labels: list[str] | None 
     csv_path = out_dir / "phonebook.csv"
     write_csv(csv_path, list(rows[0]) if rows else ["run"], rows)
 
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -4,11 +4,13 @@ use (see the package doc)."""
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
+from ssmlm.metrics_file import read_metrics
 
-def _plt():
+
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend (imported on first use: it takes a second)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,7 +25,7 @@ def save_figure(fig, png: Path, dpi: int = 120, svg: bool = True) -> Path:
     fig.savefig(png, dpi=dpi, bbox_inches="tight", pad_inches=0.08)
     if svg:
         fig.savefig(png.with_suffix(".svg"), bbox_inches="tight", pad_inches=0.08)
-    _plt().close(fig)
+    pyplot().close(fig)
     return png
 
 
@@ -51,8 +53,8 @@ class LossPlot:
 
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Training loss (and the objective's validation loss, when logged) against step."""
-    plt = _plt()
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    plt = pyplot()
+    rows = read_metrics(run_dir / "metrics.jsonl")
     # a step logged twice (an older run started again) keeps its last line
     train = sorted({r["step"]: r for r in rows if "loss" in r and "split" not in r}.values(), key=lambda r: r["step"])
     # the objective's own validation loss: mlm_loss (MLM), lm_loss (next token), ...

@@ -264,7 +264,7 @@ def _busy_steps(run, rows: list[dict]) -> set[int]:
 def _training(run, out: Path) -> str:
     """Throughput (real tokens/s) and learning rate against step. A logged window that includes compilation
     (the first), an evaluation or a checkpoint save is drawn apart and left out of the median."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
     from ssmlm.analyze.run_summary import metric_rows, train_rows
 
     rows = metric_rows(run.dir)
@@ -278,7 +278,7 @@ def _training(run, out: Path) -> str:
     for k, r in enumerate(fast):
         prev = fast[k - 1]["step"] if k else -1
         (other if k == 0 or any(prev <= b < r["step"] for b in busy) else steady).append(r)
-    plt = _plt()
+    plt = pyplot()
     fig, (tp, lr) = plt.subplots(1, 2, figsize=(11, 3.4))
     if steady:
         tp.plot([r["step"] for r in steady], [r["tokens_per_s"] for r in steady], "o-", ms=3, label="training only")

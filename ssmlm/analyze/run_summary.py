@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ssmlm.metrics_file import read_metrics
+
 
 def family_name(arch: str) -> str:
     """The model family's name in reports, as its module declares it (the arch itself if it declares none)."""
@@ -26,16 +28,9 @@ COUNTS = ("target_tokens", "masked_tokens", "samples", "examples", "numbers", "b
 def metric_rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl as dicts, one per (split, step): a step logged twice (a run started again before its first
     checkpoint, with an older ssmlm) keeps its last line; a line that is not JSON is skipped."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
     found: dict[tuple, dict] = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "step" in row:
+    for row in read_metrics(run_dir / "metrics.jsonl"):
+        if "step" in row:
             found.pop((row.get("split"), row["step"]), None)  # keep the order of the last write
             found[(row.get("split"), row["step"])] = row
     return sorted(found.values(), key=lambda r: r["step"])
@@ -63,15 +58,6 @@ def human(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
     return f"{n:.3g}" if isinstance(n, float) else str(n)
-
-
-def duration(seconds: float) -> str:
-    seconds = float(seconds)
-    if seconds < 90:
-        return f"{seconds:.1f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
 
 
 def param_counts(run) -> dict | None:
@@ -162,7 +148,9 @@ def length_facts(run, rows: list[dict], summary: dict) -> dict:
     seconds = summary.get("seconds_total", summary.get("seconds"))
     if isinstance(seconds, int | float):
         launches = summary.get("launches")
-        out["wall time"] = duration(seconds) + (
+        from ssmlm.progress import clock_time
+
+        out["wall time"] = clock_time(seconds) + (
             f" over {launches} launches" if isinstance(launches, int) and launches > 1 else ""
         )
     return out

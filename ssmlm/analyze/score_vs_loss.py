@@ -26,6 +26,7 @@ import typer
 from ssmlm import checks
 from ssmlm.analyze.plots import write_csv
 from ssmlm.errors import UserError
+from ssmlm.metrics_file import read_metrics
 
 NAME = "transfer"
 FIGURE = "BiGS Figure 5"
@@ -70,16 +71,6 @@ def _json(path: Path):
         raise UserError(f"{path}: not a readable JSON file ({e})") from None
 
 
-def _rows(path: Path) -> list[dict]:
-    """metrics.jsonl rows (none when the file is missing)."""
-    if not path.is_file():
-        return []
-    try:
-        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    except ValueError as e:
-        raise UserError(f"{path}: a line is not JSON ({e})") from None
-
-
 def default_metric(info: dict) -> str:
     """The finetuned task's selection metric (what its best validation is chosen by)."""
     from ssmlm.data.taskdef import TaskDef
@@ -99,7 +90,7 @@ def finetuned_score(run_dir: Path, info: dict, metric: str) -> tuple[float, str]
         metrics = _json(path).get("metrics", {})
         if isinstance(metrics.get(metric), int | float):
             return float(metrics[metric]), str(path)
-    rows = [r for r in _rows(run_dir / "metrics.jsonl") if r.get("split") == "validation"]
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "validation"]
     rows = [r for r in rows if isinstance(r.get(metric), int | float) and r[metric] == r[metric]]  # not NaN
     if not rows:
         raise UserError(
@@ -128,7 +119,7 @@ def source_loss(source_dir: Path) -> dict:
     if found:
         step, _, key, loss, path = max(found)
         return {"loss": float(loss), "loss_name": key, "step": step, "loss_from": path}
-    rows = [r for r in _rows(source_dir / "metrics.jsonl") if r.get("split") == "validation" and _loss_key(r)]
+    rows = [r for r in read_metrics(source_dir / "metrics.jsonl") if r.get("split") == "validation" and _loss_key(r)]
     if not rows:
         raise UserError(
             f"{source_dir}: no MLM validation loss (no eval/*.json with mlm_loss, no validation row in "
@@ -195,9 +186,9 @@ def analyze_transfer(run_dirs: list[Path], out_dir: Path, metric: str | None = N
 
 def plot(table: list[dict], out: Path, bert: bool = False) -> Path:
     """Score against loss, one line per architecture, each point labelled "source @ step"."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arch in dict.fromkeys(r["arch"] for r in table):
         mine = sorted((r for r in table if r["arch"] == arch), key=lambda r: r["loss"])

@@ -167,9 +167,9 @@ def plot_middle_rows(middle, mid: int, title: str, out_dir: Path) -> Path:
     """Figure 4: one small panel per layer, W[mid, j] against position j (x-axis: the n positions)."""
     import math
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     num_layers, n = middle.shape
     cols = min(num_layers, 6)
     rows = math.ceil(num_layers / cols)
@@ -196,9 +196,9 @@ def plot_token_filters(W, layers: list[int], tokens: list[int], title: str, out_
     """Figure 3: rows = layers, columns = selected tokens; each panel W[t, j] against relative position j - t."""
     import numpy as np
 
-    from ssmlm.analyze.plots import _plt
+    from ssmlm.analyze.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     n = W.shape[1]
     fig, axes = plt.subplots(
         len(layers),

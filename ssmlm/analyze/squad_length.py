@@ -79,9 +79,9 @@ def analyze_squad_length(run_dirs: list[Path], out_dir: Path) -> dict:
 
 def plot(table: list[dict], out: Path) -> Path:
     """Two panels (Contains Label, F1) of score against context-length bin, one line per run."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     bins = sorted({(r["lo"], r["bin"]) for r in table})  # every run's bins, in length order
     x = {label: i for i, (_, label) in enumerate(bins)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)

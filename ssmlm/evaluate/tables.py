@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ssmlm.errors import UserError
+from ssmlm.markdown import markdown_table
 from ssmlm.models.config import route_label
 
 # (column, task, metric, scale)
@@ -97,14 +98,8 @@ def to_markdown(df: pd.DataFrame, digits: int = 1) -> str:
         [str(idx), *("-" if pd.isna(v) else f"{v:.{digits}f}" for v in row)]
         for idx, row in zip(df.index, df.values, strict=True)
     ]
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-
-    def fmt(cells: list[str]) -> str:  # the label column left-aligned, numbers right-aligned
-        padded = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    return "\n".join([fmt(head), rule, *map(fmt, body)]) + "\n"
+    # the label column left-aligned, numbers right-aligned
+    return "\n".join(markdown_table(head, body, align="l" + "r" * len(df.columns), pad=True)) + "\n"
 
 
 def save_table(df: pd.DataFrame, path: str | Path, digits: int = 1) -> Path:

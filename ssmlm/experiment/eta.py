@@ -6,11 +6,7 @@ import time
 from collections import Counter
 
 from ssmlm.experiment.plan import Job
-
-
-def fmt_time(s: float) -> str:
-    s = round(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+from ssmlm.progress import clock_time, time_left
 
 
 def steps(job: Job) -> int:
@@ -52,25 +48,25 @@ class Eta:
             if n <= 0:
                 continue
             if kind == "pretrain" and self.step_seconds[1]:
-                est += self.pending_steps * self.step_seconds[0] / self.step_seconds[1]
-            elif self.seconds.get(kind):
-                est += n * sum(self.seconds[kind]) / len(self.seconds[kind])
+                more = time_left(self.pending_steps, *self.step_seconds)
             else:
+                more = time_left(n, sum(self.seconds.get(kind, ())), len(self.seconds.get(kind, ())))
+            if more is None:
                 untimed.append(kind)
                 continue
-            timed = True
+            est, timed = est + more, True
         # runs at a time: no more workers than runs left keep busy
         return (est / max(1, min(self.workers, left)) if timed else None), untimed
 
     def text(self) -> str:
         left = sum(self.pending.values())
         if not left:
-            return f" · all {self.total} done in {fmt_time(time.time() - self.t0)}"
+            return f" · all {self.total} done in {clock_time(time.time() - self.t0)}"
         est, untimed = self.estimate()
         if est is None:
             return f" · {left} to go"
         more = f" + the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
-        return f" · {left} to go, ETA {fmt_time(est)}{more}"
+        return f" · {left} to go, ETA {clock_time(est)}{more}"
 
 
 def dry_run_estimate(jobs: list[Job], total: Counter, workers: int) -> str:
@@ -95,4 +91,4 @@ def dry_run_estimate(jobs: list[Job], total: Counter, workers: int) -> str:
         return f"time: no measured cost yet for the {runs}: run --seeds 1 first, then ask again"
     more = f", plus the {', '.join(untimed)} runs (none timed yet)" if untimed else ""
     at = f" at --jobs {workers}" if workers > 1 else ""
-    return f"time: about {fmt_time(est)} for the {runs}{at}{more} (from the {done} done here)"
+    return f"time: about {clock_time(est)} for the {runs}{at}{more} (from the {done} done here)"

@@ -20,6 +20,8 @@ from ssmlm.experiment.stats import (
     mean_interval,
     paired_difference,
 )
+from ssmlm.experiment.sweep_report import n_seeds
+from ssmlm.markdown import markdown_table
 
 COLUMNS = (
     "arm",
@@ -99,8 +101,7 @@ def markdown(res: dict, warnings: bool = True) -> str:
     grid = any("selected" in a for a in res["arms"].values())
     delta_head = f"Δ vs {ref} (paired)" if one_ref else "Δ vs its reference (paired)"
     head = ["arm", "n", "mean", "95% CI"] + ([delta_head, "Δ 95% CI"] if compare else []) + (["selected"] * grid)
-    rule = "|---|---:|---:|---|" + ("---:|---|" if compare else "") + ("---|" if grid else "")
-    lines = ["| " + " | ".join(head) + " |", rule]
+    rows = []
     notes, bounds, was_cut, unsure = [], res.get("bounds"), False, False
     for name, a in res["arms"].items():
         iv, d = cut(a["interval"], bounds), cut(a["difference"], bounds, difference=True)
@@ -117,11 +118,12 @@ def markdown(res: dict, warnings: bool = True) -> str:
             elif d and not one_ref:
                 delta += f" vs {a['reference']}"
             row = [name, str(iv["n"]), fmt(iv["mean"]), _ci(iv)] + [delta, _ci(d) if d else "–"] * compare
-        lines.append("| " + " | ".join(row + ([a.get("selected", "")] if grid else [])) + " |")
+        rows.append(row + ([a.get("selected", "")] if grid else []))
+    lines = markdown_table(head, rows, align="lrrl" + "rl" * compare)
     what = f"{res['metric']} ({'higher' if res['goal'] == 'max' else 'lower'} is better)"
     if sweep := res.get("sweep"):  # this table is one cell of the sweep's: say which
         what += f", {next(iter(sweep['evaluations']))} from the largest budget (step {max(sweep['budgets']):,})"
-    text = [f"{res['name']}: {what}, {seeds(len(res['seeds']))} {res['seeds']}", "", *lines]
+    text = [f"{res['name']}: {what}, {n_seeds(len(res['seeds']))} {res['seeds']}", "", *lines]
     text += ["", f"95% CI: {res['interval']}."]
     if unsure:
         pairs = "; pairs of seeds for Δ" if compare else ""
@@ -150,13 +152,13 @@ def markdown(res: dict, warnings: bool = True) -> str:
 
 def run_time_line(t: dict) -> str:
     """What the file's training runs took, all invocations together (runner.training_seconds)."""
-    from ssmlm.experiment.eta import fmt_time
+    from ssmlm.progress import clock_time
 
     total = t["pretrain"] + t["finetune"]
-    per = f", ~{fmt_time(total / t['jobs'])} at --jobs {t['jobs']}" if t["jobs"] > 1 else ""
+    per = f", ~{clock_time(total / t['jobs'])} at --jobs {t['jobs']}" if t["jobs"] > 1 else ""
     return (
-        f"Run time: {fmt_time(total)} summed over the training runs{per} (pretraining {fmt_time(t['pretrain'])}, "
-        f"finetuning {fmt_time(t['finetune'])}; every launch, from each run's summary.json), plus "
+        f"Run time: {clock_time(total)} summed over the training runs{per} (pretraining {clock_time(t['pretrain'])}, "
+        f"finetuning {clock_time(t['finetune'])}; every launch, from each run's summary.json), plus "
         f"{t['evaluations']} evaluations."
     )
 
@@ -174,12 +176,12 @@ def warning_lines(warnings: list[dict]) -> list[str]:
 
 
 def grid_markdown(res: dict) -> str:
-    rows = ["| arm | point | validation mean | selected |", "|---|---|---:|---|"]
+    rows = []
     for name, a in res["arms"].items():
         for r in a.get("grid") or []:
             mean = fmt(r["mean"]) if r["mean"] is not None else f"failed: {r['error']}"
-            rows.append(f"| {name} | {r['point']} | {mean} | {'yes' if r['selected'] else ''} |")
-    return "\n".join(rows) + "\n"
+            rows.append([name, r["point"], mean, "yes" if r["selected"] else ""])
+    return "\n".join(markdown_table(["arm", "point", "validation mean", "selected"], rows, align="llrl")) + "\n"
 
 
 def write(res: dict, out: Path) -> dict[str, Path]:
@@ -202,10 +204,6 @@ def write(res: dict, out: Path) -> dict[str, Path]:
     if res.get("sweep"):
         paths.update(sweep_report.write_sweep(res["sweep"], out))
     return paths
-
-
-def seeds(n: int) -> str:
-    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def csv_row(name: str, a: dict) -> dict:
@@ -236,9 +234,9 @@ def plot(res: dict, path: Path) -> Path:
     """A forest plot, one row per arm (an experiment can have dozens, so names go on the y axis): each arm's mean
     with its 95% interval, the seeds' values as dots, a single reference's mean as a dashed line; a failed arm is
     labelled so, and a mean whose interval is not estimable is drawn hollow, without a bar, with the reason."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     names, was_cut = list(res["arms"]), False
     width = max(3.0, 0.075 * max(map(len, names)))  # room for the longest arm name, in inches
     fig, ax = plt.subplots(figsize=(width + 6.5, 0.32 * len(names) + 1.3))
@@ -297,7 +295,7 @@ def plot(res: dict, path: Path) -> Path:
         ax.set_xlim(max(left, lo - pad), min(right, hi + pad))
     note = " (intervals cut at its bounds [{:g}, {:g}])".format(*res["bounds"]) if was_cut else ""
     ax.set_xlabel(res["metric"] + note)
-    ax.set_title(f"{res['name']}: mean and 95% CI over {seeds(len(res['seeds']))}", fontsize=10)
+    ax.set_title(f"{res['name']}: mean and 95% CI over {n_seeds(len(res['seeds']))}", fontsize=10)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside, off the data
     fig.tight_layout()

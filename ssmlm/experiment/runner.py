@@ -20,11 +20,12 @@ from collections import Counter
 from pathlib import Path
 
 from ssmlm.errors import Interrupted, UserError, reason
-from ssmlm.experiment.eta import Eta, dry_run_estimate, fmt_time, steps
+from ssmlm.experiment.eta import Eta, dry_run_estimate, steps
 from ssmlm.experiment.execute import timed
 from ssmlm.experiment.plan import Job, Plan, build_plan, later_jobs
 from ssmlm.experiment.pool import signals_as_ctrl_c, spawn_pool, stop_on_interrupt
 from ssmlm.experiment.spec import Experiment, point_label
+from ssmlm.progress import clock_time
 
 
 @dataclasses.dataclass
@@ -130,7 +131,7 @@ class Runner:
     def _finish(self, job: Job, o: Outcome, how: str | None = None) -> None:
         self.done[job.key] = o
         self.eta.finished(job, o.seconds if o.ok and not o.reused else None)
-        how = how or ("reused" if o.reused else fmt_time(o.seconds))
+        how = how or ("reused" if o.reused else clock_time(o.seconds))
         what = "done" if o.ok else "FAILED"
         tail = "" if o.ok else f": {o.error}"
         self.echo(f"[{len(self.done)}/{self.total}] {what} {job.label} ({how}){tail}{self.eta.text()}")

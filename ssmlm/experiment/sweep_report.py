@@ -31,6 +31,7 @@ from ssmlm.experiment.stats import (
     mean_interval,
     paired_difference,
 )
+from ssmlm.markdown import markdown_table
 
 BOUNDS = (0.0, 1.0)  # the probes' metrics are accuracies
 COLUMNS = (
@@ -160,18 +161,14 @@ def _cell_text(cell: dict, iv: dict | None, n_seeds: int, sign: str = "") -> str
 
 
 def n_seeds(n: int) -> str:
+    """Seeds counted as the reports (this one and results.md) count them: "1 seed", "3 seeds"."""
     return f"{n} seed" if n == 1 else f"{n} seeds"
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 def _level_table(s: dict, ev: str) -> tuple[list[str], bool]:
     """Rows = arms, columns = budgets, and the first budget above chance; whether an interval was cut."""
     budgets, n_seeds, was_cut = s["budgets"], len(s["seeds"]), False
-    lines = [_row(["arm", *(f"step {b}" for b in budgets), "above chance from step"])]
-    lines.append("|---|" + "---:|" * len(budgets) + "---:|")
+    rows = []
     for arm, evs in s["arms"].items():
         row = [arm]
         for b in budgets:
@@ -185,8 +182,9 @@ def _level_table(s: dict, ev: str) -> tuple[list[str], bool]:
             row.append("–")
         else:
             row.append(str(first) if first is not None else f"not by {measured[-1]}")
-        lines.append(_row(row))
-    return lines, was_cut
+        rows.append(row)
+    head = ["arm", *(f"step {b}" for b in budgets), "above chance from step"]
+    return markdown_table(head, rows, align="l" + "r" * (len(budgets) + 1)), was_cut
 
 
 def verdict(d: dict | None) -> tuple[str, str]:
@@ -219,8 +217,7 @@ def _difference_table(s: dict, ev: str) -> tuple[list[str], list[str], bool]:
     """Rows = arms with a reference (e.g. hawk-birdie − hawk-clm), columns = budgets; a reading of each row's
     cells, one line per row (one line per cell would be a dozen lines per evaluation)."""
     budgets, n_seeds, was_cut = s["budgets"], len(s["seeds"]), False
-    lines = [_row(["arm − reference (paired)", *(f"step {b}" for b in budgets)])]
-    lines.append("|---|" + "---:|" * len(budgets))
+    rows = []
     readings = []
     for arm, evs in s["arms"].items():
         ref = reference_of(s, arm)
@@ -234,9 +231,10 @@ def _difference_table(s: dict, ev: str) -> tuple[list[str], list[str], bool]:
             row.append(_cell_text({}, d, n_seeds, sign="+") if d else "–")
             if cell["interval"] and s["arms"][ref][ev][str(b)]["interval"]:  # a cell without values: nothing to read
                 verdicts.append((b, verdict(cell["difference"])))
-        lines.append(_row(row))
+        rows.append(row)
         readings += [reading(arm, ref, verdicts)] if verdicts else []
-    return lines, readings, was_cut
+    head = ["arm − reference (paired)", *(f"step {b}" for b in budgets)]
+    return markdown_table(head, rows, align="l" + "r" * len(budgets)), readings, was_cut
 
 
 def sweep_markdown(summary: dict) -> str:
@@ -385,9 +383,9 @@ def _legend_extras(ax) -> None:
 def _plot_evaluation(s: dict, ev: str, path: Path) -> Path:
     from matplotlib.ticker import NullLocator
 
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     e, budgets, arms = s["evaluations"][ev], s["budgets"], list(s["arms"])
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     chance = e.get("chance")

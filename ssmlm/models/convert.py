@@ -78,7 +78,7 @@ SCALING = {"hippo": "hippo", "lin": "lin", "inv": "inv"}
 # ----------------------------------------------------------------------------- reading
 
 
-def _first_line(e: BaseException, limit: int = 200) -> str:
+def first_line(e: BaseException, limit: int = 200) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return (lines[0] if lines else repr(e))[:limit]
 
@@ -93,7 +93,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-def _read_dir(d: Path, src: str) -> tuple[dict, dict[str, np.ndarray]]:
+def read_dir(d: Path, src: str) -> tuple[dict, dict[str, np.ndarray]]:
     cfg_path, w_path = d / CONFIG_FILE, d / WEIGHTS_FILE
     if not cfg_path.is_file():
         raise CheckpointError(f"BiGS checkpoint '{src}': no {CONFIG_FILE} in {d}")
@@ -104,7 +104,7 @@ def _read_dir(d: Path, src: str) -> tuple[dict, dict[str, np.ndarray]]:
     try:
         config = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{cfg_path}: not valid JSON: {_first_line(e)}") from None
+        raise CheckpointError(f"{cfg_path}: not valid JSON: {first_line(e)}") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(config).__name__}")
     from flax import serialization
@@ -112,7 +112,7 @@ def _read_dir(d: Path, src: str) -> tuple[dict, dict[str, np.ndarray]]:
     try:
         tree = serialization.msgpack_restore(w_path.read_bytes())
     except Exception as e:
-        raise CheckpointError(f"{w_path}: not a Flax msgpack checkpoint: {_first_line(e)}") from None
+        raise CheckpointError(f"{w_path}: not a Flax msgpack checkpoint: {first_line(e)}") from None
     if not isinstance(tree, dict) or not tree:
         raise CheckpointError(f"{w_path}: expected a parameter tree (a mapping), got {type(tree).__name__}")
     if set(tree) == {"params"} and isinstance(tree["params"], dict):  # a tree saved with its collection name

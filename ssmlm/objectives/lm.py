@@ -150,7 +150,7 @@ class LMObjective:
     # -- loss and evaluation
     @staticmethod
     def loss(model, batch: Batch, rng):
-        logits = _logits(model, batch, rng)
+        logits = lm_logits(model, batch, rng)
         nll, count = cross_entropy(logits, batch.targets, batch.loss_weights)
         count = jnp.maximum(count, 1.0)
         return nll / count, {"weight": count}
@@ -158,7 +158,7 @@ class LMObjective:
     @staticmethod
     def eval(model, batch: Batch):
         """Per-row sums (so the score can group rows by configuration)."""
-        logits = _logits(model, batch, None)
+        logits = lm_logits(model, batch, None)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
         nll = -jnp.take_along_axis(logp, batch.targets[..., None], axis=-1)[..., 0]
         w = batch.loss_weights
@@ -186,7 +186,7 @@ class LMObjective:
         return {k: float(v) for k, v in out.items()}
 
 
-def _logits(model, batch: Batch, rng):
+def lm_logits(model, batch: Batch, rng):
     return model(
         batch.tokens, segment_ids=batch.segment_ids, token_types=batch.token_types, positions=batch.positions, rng=rng
     )

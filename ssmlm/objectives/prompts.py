@@ -25,7 +25,7 @@ from ssmlm.data.reserved import END, PARADIGMS, START, reserved_ids
 from ssmlm.errors import DataError, UserError
 from ssmlm.objectives.batch import Batch
 from ssmlm.objectives.birdie.packing import empty_row, pack
-from ssmlm.objectives.lm import LMObjective, _logits, to_batch
+from ssmlm.objectives.lm import LMObjective, lm_logits, to_batch
 from ssmlm.objectives.losses import cross_entropy
 
 PARADIGM_CHOICES = ("start", "none")
@@ -176,7 +176,7 @@ class PromptResponseObjective:
 
     @staticmethod
     def eval(model, batch: Batch):
-        logits = _logits(model, batch, None)
+        logits = lm_logits(model, batch, None)
         nll, count = cross_entropy(logits, batch.targets, batch.loss_weights)
         hit = logits.argmax(-1) == batch.targets
         samples, exact = segment_exact(~hit, batch.loss_weights, batch.segment_ids)

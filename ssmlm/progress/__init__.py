@@ -20,7 +20,7 @@ Modules: ``bars`` (progress_bar, its columns, phase), ``clock`` (the pace and ET
 """
 
 from ssmlm.progress.bars import FittedProgress, phase, progress_bar
-from ssmlm.progress.clock import Clock, clock_time, rate_text
+from ssmlm.progress.clock import Clock, clock_time, rate_text, time_left
 from ssmlm.progress.console import LOG_EVERY_S, PLAIN_AFTER_S, SLOW_START_S, console, stderr_console
 from ssmlm.progress.spinner import Spin, activity
 
@@ -39,4 +39,5 @@ __all__ = [
     "progress_bar",
     "rate_text",
     "stderr_console",
+    "time_left",
 ]

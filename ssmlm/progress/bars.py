@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ssmlm.progress.clock import Clock, clock_time, rate_text
 from ssmlm.progress.console import BAR_WIDTH, LOG_EVERY_S, SLOW_START_S, stderr_console
-from ssmlm.progress.spinner import _display_ended, _display_started
+from ssmlm.progress.spinner import display_ended, display_started
 
 
 class Field(ProgressColumn):
@@ -141,13 +141,13 @@ class FittedProgress(Progress):
 
     def start(self) -> None:
         if not self.disable:  # a background spinner (activity) steps aside while the bar is up (not for a hidden one)
-            _display_started(self)
+            display_started(self)
         super().start()
 
     def stop(self) -> None:
         super().stop()
         self.stopped = True
-        _display_ended(self)
+        display_ended(self)
 
     # -- clocks and plain lines ---------------------------------------------------------------------------
     def add_task(

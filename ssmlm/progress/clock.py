@@ -1,4 +1,4 @@
-"""A bar's pace and ETA (Clock), and how a time and a rate read."""
+"""A bar's pace and ETA (Clock), the time left at a measured pace (time_left), and how a duration and a rate read."""
 
 from __future__ import annotations
 
@@ -68,12 +68,17 @@ class Clock:
             self.blocks.append((t - self.block[0], completed - self.block[1]))
             self.block = self.last
 
+    def measured(self) -> tuple[float, float]:
+        """(seconds, units) of the blocks measured, each block's seconds capped; (0, 0) before the first."""
+        if not self.blocks:
+            return 0.0, 0.0
+        cap = self.CAP * statistics.median(s / n for s, n in self.blocks)
+        return sum(min(s, cap * n) for s, n in self.blocks), sum(n for _, n in self.blocks)
+
     def pace(self) -> float | None:
         """Seconds per unit (None until a block is measured)."""
-        if not self.blocks:
-            return None
-        cap = self.CAP * statistics.median(s / n for s, n in self.blocks)
-        return sum(min(s, cap * n) for s, n in self.blocks) / sum(n for _, n in self.blocks)
+        seconds, units = self.measured()
+        return seconds / units if units else None
 
     def rate(self) -> float | None:
         """Units per second."""
@@ -81,13 +86,20 @@ class Clock:
         return None if pace is None else 1 / max(pace, 1e-12)
 
     def eta(self, completed: float, total: float | None) -> float | None:
-        if total is not None and completed >= total:
-            return 0.0
-        pace = self.pace()
-        return None if pace is None or total is None else (total - completed) * pace
+        return None if total is None else time_left(total - completed, *self.measured())
+
+
+def time_left(left: float, seconds: float, done: float) -> float | None:
+    """Seconds that ``left`` more units take at the pace measured so far, ``seconds`` for ``done`` units (None when
+    nothing is measured yet, 0 when nothing is left): a bar's ETA and an experiment's (ssmlm.experiment.eta)."""
+    if left <= 0:
+        return 0.0
+    return left * seconds / done if done else None
 
 
 def clock_time(seconds: float | None) -> str:
+    """A duration as a clock shows it, H:MM:SS ("-:--:--": not known): the bars' elapsed time and ETA, and every
+    duration ssmlm prints (a run's wall time, an experiment's time left)."""
     if seconds is None:
         return "-:--:--"
     s = int(seconds)

@@ -61,14 +61,14 @@ def _shown_over(spin: Spin) -> bool:
     return spin in _BACKGROUND and bool(_DISPLAYS)
 
 
-def _display_started(display: object) -> None:
+def display_started(display: object) -> None:
     _DISPLAYS.append(display)
     for spin in _BACKGROUND:
         if spin is not display:
             spin.show(False)
 
 
-def _display_ended(display: object) -> None:
+def display_ended(display: object) -> None:
     if display in _DISPLAYS:
         _DISPLAYS.remove(display)
     if not _DISPLAYS:
@@ -119,7 +119,7 @@ class Spin:
             return
         if on:
             if self not in _BACKGROUND:
-                _display_started(self)  # first: a live display started inside another is drawn within it
+                display_started(self)  # first: a live display started inside another is drawn within it
             self.live.start()
         else:
             self.live.stop()
@@ -133,7 +133,7 @@ class Spin:
         self.show(False)
         self.ended = True
         if self not in _BACKGROUND:
-            _display_ended(self)
+            display_ended(self)
 
 
 class _EndsSpin:

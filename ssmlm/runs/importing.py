@@ -19,11 +19,11 @@ from ssmlm.models.convert import (
     HUB_FILES,
     HUB_PREFIX,
     WEIGHTS_FILE,
-    _first_line,
-    _read_dir,
+    first_line,
     is_classifier,
     map_params,
     model_config_from_official,
+    read_dir,
 )
 from ssmlm.recipe import DataConfig, Recipe, TaskConfig
 from ssmlm.runs.checkpoint import Checkpoints
@@ -61,7 +61,7 @@ def _download(name: str) -> tuple[Path, dict[str, Any]]:
     try:
         path = snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES)
     except Exception as e:  # offline, unknown repo, no access, network: all one line for the user
-        why = f"{offline}, and not in the local cache" if offline else _first_line(e)
+        why = f"{offline}, and not in the local cache" if offline else first_line(e)
         raise CheckpointError(
             f"hub:{name}: could not download the checkpoint ({type(e).__name__}: {why}); download "
             f"{CONFIG_FILE}, {WEIGHTS_FILE} and vocab.txt by hand and pass their directory"
@@ -77,7 +77,7 @@ def read_official(src: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     (downloaded with huggingface_hub; a clear CheckpointError when offline or missing).
     """
     d, _ = _resolve(src)
-    return _read_dir(d, str(src))
+    return read_dir(d, str(src))
 
 
 def _tokenizer(d: Path, vocab_size: int, src: str):
@@ -170,7 +170,7 @@ def import_bigs(src: str | Path, out_dir: str | Path, task: str | None = None) -
     if out.exists() and (not out.is_dir() or any(p.name != staging.MARK for p in out.iterdir())):
         raise CheckpointError(f"{out_dir}: already exists and is not empty; choose another output directory")
     d, src_info = _resolve(src)
-    config, flat = _read_dir(d, str(src))
+    config, flat = read_dir(d, str(src))
     cfg = model_config_from_official(config)
 
     classifier = is_classifier(flat)

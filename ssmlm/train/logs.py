@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ssmlm import staging
 from ssmlm.errors import UserError
+from ssmlm.metrics_file import read_metrics
 from ssmlm.runs import atomic_write
 from ssmlm.train.hooks import emit
 
@@ -25,17 +26,7 @@ class MetricsLog:
 
     def rows(self) -> list[dict]:
         """The rows written so far; a line cut short by a kill (only ever the last) is left out."""
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                out.append(row)
-        return out
+        return [row for row in read_metrics(self.path) if isinstance(row.get("step"), int)]
 
     def restart(self, step: int | None) -> None:
         """Keep only the rows up to ``step``, the restored checkpoint's (None: no row), training, validation and

@@ -13,13 +13,13 @@ happens there, before the driver writes anything.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
+from ssmlm.metrics_file import read_metrics
 from ssmlm.progress import console
 from ssmlm.recipe import DataConfig, Recipe
 from ssmlm.runs import Run
@@ -131,7 +131,8 @@ def best_validation(metrics_path: Path, key: str) -> dict | None:
     """The best evaluation seen during training by metric ``key`` (the task's `TaskDef.selection`, e.g.
     Spearman for STS-B), as the official BiGS protocol reports (optimistic). The earliest row wins a tie;
     rows without a finite value for ``key`` are skipped (a NaN would make the max depend on row order)."""
-    rows = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
-    rows = [r for r in rows if r.get("split") == "validation" and isinstance(r.get(key), int | float)]
+    rows = [
+        r for r in read_metrics(metrics_path) if r.get("split") == "validation" and isinstance(r.get(key), int | float)
+    ]
     rows = [r for r in rows if np.isfinite(r[key])]
     return max(rows, key=lambda r: r[key]) if rows else None
