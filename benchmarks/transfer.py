@@ -225,13 +225,13 @@ def prepare_data(docs: dict[str, list[str]], data_dir: Path) -> dict:
 
 def budget(results: dict, out: Path) -> str:
     """Per task: BiGS's test accuracy by pretraining steps (mean and 95% CI over seeds) against the random start."""
-    from ssmlm.analyze.plots import _plt, save_figure
+    from ssmlm.analyze.plots import pyplot, save_figure
     from ssmlm.experiment.stats import cut
 
     arms = results["arms"]
     lines = ["| task | random init | " + " | ".join(f"pretrained {s:,} steps" for s in BUDGETS) + " |",
              "|---|---:|" + "---:|" * len(BUDGETS)]  # fmt: skip
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.4))
     for ax, task in zip(axes, TASKS, strict=True):
         rnd = arms.get(f"bigs-random-{task}", {}).get("interval")

@@ -21,8 +21,9 @@ from typer.core import TyperGroup
 
 from ssmlm import checks, paths, staging
 from ssmlm.data.finetune_task import check_encoder_task, check_lm_task, task_name, with_task_options
-from ssmlm.data.lm_tasks import default_recipe
+from ssmlm.data.lm_tasks import default_recipe, evaluation_tasks, finetuning_tasks
 from ssmlm.data.sources import check_inputs
+from ssmlm.data.tasks import TASKS
 from ssmlm.display.printouts import (
     print_best_validation,
     print_plan,
@@ -33,6 +34,7 @@ from ssmlm.display.printouts import (
 )
 from ssmlm.errors import Interrupted, UserError
 from ssmlm.models.config import is_lm
+from ssmlm.objectives.config import MIXTURES
 from ssmlm.run_recipe import check_max_tokens, run_arch
 
 # What Typer raises for a command-line mistake: Click's ClickException (recent Typer versions vendor Click).
@@ -357,6 +359,26 @@ def _train(kind: str, recipe, run_dir: Path | str, quiet: bool, **kw) -> dict:
         return summary if local == run_dir else _renamed(summary, str(local), str(run_dir))
 
 
+# ----------------------------------------------------------------------------- help from the registries
+# The names a command's help lists come from the registries (mixtures, tasks), so a new one is in `--help` at once.
+
+
+def _names(names, last: str = "or") -> str:
+    """'a, b or c'."""
+    names = list(names)
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def _help_lists(**lists: str):
+    """Fill the {placeholders} of a command's docstring (its --help) with ``lists``."""
+
+    def fill(fn):
+        fn.__doc__ = fn.__doc__.format(**lists)
+        return fn
+
+    return fill
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -395,6 +417,7 @@ def preprocess(
 
 @app.command()
 @user_errors
+@_help_lists(mixtures=_names(MIXTURES))
 def pretrain(
     recipe: Annotated[
         str | None, typer.Argument(help="Recipe path or shipped name (default: the embedded default).")
@@ -412,7 +435,7 @@ def pretrain(
 
     Encoders (BiGS and its ablations, BERT, gMLP/aMLP): masked-language modelling with static or dynamic masks.
 
-    Language models (Gated SSM, Hawk, Transformer): objective.mixture clm, ul2, ul2_decoder, birdie_fixed or birdie.
+    Language models (Gated SSM, Hawk, Transformer): objective.mixture {mixtures}.
 
     The birdie mixture's controller changes the mixture while training runs. Re-running the same command resumes.
 
@@ -481,9 +504,9 @@ FinetuneTaskOpt = Annotated[
     str | None,
     typer.Option(
         "--task",
-        help="Encoders: builtin-order, builtin-next, cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, squad, "
-        "squad_v2, quality, contract_nli; with --train-file any name names your own task (default: the file's "
-        "name, polarity-train.csv: polarity), a known one keeps its columns. Language models: phonebook, instruct.",
+        help=f"Encoders: {', '.join(TASKS)}; with --train-file any name names your own task (default: the file's "
+        "name, polarity-train.csv: polarity), a known one keeps its columns. "
+        f"Language models: {', '.join(finetuning_tasks())}.",
     ),
 ]
 EvaluateTaskOpt = Annotated[
@@ -491,7 +514,8 @@ EvaluateTaskOpt = Annotated[
     typer.Option(
         "--task",
         help="Default: the run's own (MLM or LM validation rows, or its finetuning task). Encoders: a finetune "
-        "task name. Language models: phonebook, squad_v2, infilling, lm-eval:TASKS (e.g. lm-eval:hellaswag,arc_easy).",
+        f"task name. Language models: {', '.join(evaluation_tasks())}, lm-eval:TASKS (e.g. "
+        "lm-eval:hellaswag,arc_easy).",
     ),
 ]
 TrainFileOpt = Annotated[
@@ -610,8 +634,8 @@ def finetune(
         str | None,
         typer.Option(
             "--recipe",
-            help="Finetuning recipe (default: finetune_default; language models: phonebook_finetune, "
-            "instruct_finetune).",
+            help="Finetuning recipe (default: finetune_default; language models: "
+            f"{', '.join(dict.fromkeys(map(default_recipe, finetuning_tasks())))}).",
         ),
     ] = None,
     train_file: TrainFileOpt = None,

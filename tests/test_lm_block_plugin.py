@@ -1,14 +1,12 @@
-"""A new Birdie LM block is one module plus one registry line (ssmlm.models.config.FAMILIES): a throwaway block
-written to a temporary module dry-runs, trains a step through the CLI's code path (recipe loading, checks, the
-driver, the loop, the run directory), decodes with `ssmlm generate`, and is counted, described, named and given
-its parameter rules by its own declaration (the module's ARCHS)."""
+"""A new Birdie LM block is one module plus one registry line (ssmlm.models.config.FAMILIES), added as
+docs/developing.md says, through the package as shipped (tests/plugins.py): a throwaway block module in
+ssmlm/models/ dry-runs, trains a step through `ssmlm pretrain`, decodes with `ssmlm generate`, and is counted,
+described, named and given its parameter rules by its own declaration (the module's ARCHS)."""
 
 import json
-import sys
-import textwrap
 
 import pytest
-from conftest import invoke
+from plugins import plug_in, python, ssmlm
 
 BLOCK = '''
 """A token-shift toy: each position adds a projection of the previous token of its own sample."""
@@ -54,15 +52,13 @@ MODELS = dict.fromkeys(ARCHS, LanguageModel)
 '''
 
 
-@pytest.fixture
-def toyshift(tmp_path, monkeypatch):
-    from ssmlm.models import config
-
-    (tmp_path / "toyshift_block.py").write_text(textwrap.dedent(BLOCK))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(config.FAMILIES, "toyshift", "toyshift_block")  # the one registry line
-    yield
-    sys.modules.pop("toyshift_block", None)
+def toyshift(tmp_path):
+    """The package with the block's module and its registry line."""
+    return plug_in(
+        tmp_path,
+        {"models/toyshift.py": BLOCK},
+        {"models/config.py": ("FAMILIES = {", '"toyshift": "ssmlm.models.toyshift",')},
+    )
 
 
 def toy_recipe(tmp_path, corpus):
@@ -87,33 +83,38 @@ def toy_recipe(tmp_path, corpus):
     return path
 
 
-def test_a_block_module_dry_runs_trains_and_decodes(toyshift, tmp_path, corpus_file, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.mark.slow  # ~60 s: three fresh processes, two compiling
+def test_a_block_module_dry_runs_trains_and_decodes(tmp_path, corpus_file):
+    root = toyshift(tmp_path)
     recipe = toy_recipe(tmp_path, corpus_file)
-    dry = invoke("pretrain", recipe, "--dry-run")
-    assert "shift 1" in dry.output, dry.output
-    invoke("pretrain", recipe, "-q")
+    assert "shift 1" in ssmlm(root, "pretrain", recipe, "--dry-run")
+    ssmlm(root, "pretrain", recipe, "-q")
     run = tmp_path / "runs/toy"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_step"] == 1 and summary["kind"] == "pretrain"
-    out = invoke("generate", "--ckpt", run, "--prompt", "The cat saw", "--max-tokens", 4)
-    assert isinstance(out.output, str)
+    ssmlm(root, "generate", "--ckpt", run, "--prompt", "The cat saw", "--max-tokens", 4)
 
 
-def test_the_block_is_known_by_its_declaration(toyshift):
-    import dataclasses
+def test_the_block_is_known_by_its_declaration(tmp_path):
+    assert "declared" in python(toyshift(tmp_path), "-c", DECLARED)
 
-    from ssmlm.models import build_lm, count_params, family_rules
-    from ssmlm.models.config import LMConfig, facts, is_lm, lm_archs
-    from ssmlm.models.flops import abstract
-    from ssmlm.models.lm import layer_is_bidirectional, param_count_formula
 
-    cfg = LMConfig(arch="toyshift", hidden_size=8, num_layers=3, vocab_size=50)
-    assert is_lm("toyshift") and "toyshift" in lm_archs() and facts("toyshift").name == "token shift (toy)"
-    assert count_params(abstract(lambda: build_lm(cfg))) == param_count_formula(cfg)["total"]
-    assert family_rules(cfg)[0].name == "recurrence"  # its no_decay pattern, first
-    assert [layer_is_bidirectional(cfg, i) for i in range(3)] == [True, False, True]
-    assert not any(layer_is_bidirectional(dataclasses.replace(cfg, bidirectional="none"), i) for i in range(3))
+DECLARED = """
+import dataclasses
+
+from ssmlm.models import build_lm, count_params, family_rules
+from ssmlm.models.config import LMConfig, facts, is_lm, lm_archs
+from ssmlm.models.flops import abstract
+from ssmlm.models.lm import layer_is_bidirectional, param_count_formula
+
+cfg = LMConfig(arch="toyshift", hidden_size=8, num_layers=3, vocab_size=50)
+assert is_lm("toyshift") and "toyshift" in lm_archs() and facts("toyshift").name == "token shift (toy)"
+assert count_params(abstract(lambda: build_lm(cfg))) == param_count_formula(cfg)["total"]
+assert family_rules(cfg)[0].name == "recurrence"  # its no_decay pattern, first
+assert [layer_is_bidirectional(cfg, i) for i in range(3)] == [True, False, True]
+assert not any(layer_is_bidirectional(dataclasses.replace(cfg, bidirectional="none"), i) for i in range(3))
+print('declared')
+"""
 
 
 def test_the_jax_free_index_agrees_with_the_declarations():

@@ -1,15 +1,14 @@
-"""A new language-model task is one module plus one declaration line (ssmlm.data.lm_tasks.LM_TASKS): a throwaway
-task written to a temporary module, with its reader and its evaluation, is finetuned on for a step through
-`ssmlm finetune` (the CLI's quick task check, the training code, the run directory) and evaluated by
+"""A new language-model task is one module plus one declaration line (ssmlm.data.lm_tasks.LM_TASKS), added as
+docs/developing.md says, through the package as shipped (tests/plugins.py): a throwaway task module in
+ssmlm/data/, with its reader and its evaluation, is listed by the commands' --help, finetuned on for a step
+through `ssmlm finetune` (the CLI's quick task check, the training code, the run directory) and evaluated by
 `ssmlm evaluate --task`."""
 
 import json
 import shutil
-import sys
-import textwrap
 
 import pytest
-from conftest import invoke
+from plugins import plug_in, ssmlm
 
 TASK = '''
 """Echo: the response repeats the prompt's word."""
@@ -26,19 +25,16 @@ def evaluate(run, gen, request):
 '''
 
 
-@pytest.fixture
-def echo(tmp_path, monkeypatch):
-    from ssmlm.data import lm_tasks
-
-    (tmp_path / "echo_task.py").write_text(textwrap.dedent(TASK))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    declared = lm_tasks.LMTask("echo the prompt's word", reader="echo_task:pairs", evaluation="echo_task:evaluate")
-    monkeypatch.setitem(lm_tasks.LM_TASKS, "echo", declared)  # the one declaration line
-    yield
-    sys.modules.pop("echo_task", None)
+def echo(tmp_path):
+    """The package with the task's module and its declaration line."""
+    entry = 'LMTask("echo the prompt", reader="ssmlm.data.echo:pairs", evaluation="ssmlm.data.echo:evaluate"),'
+    entry = f'"echo": {entry}'
+    return plug_in(tmp_path, {"data/echo.py": TASK}, {"data/lm_tasks.py": ("LM_TASKS: dict[str, LMTask] = {", entry)})
 
 
-def test_a_task_module_finetunes_and_evaluates(echo, tiny_lm, tmp_path):
+@pytest.mark.slow  # ~40 s: two fresh processes, each compiling
+def test_a_task_module_finetunes_and_evaluates(tiny_lm, tmp_path):
+    root = echo(tmp_path)
     run = tmp_path / "runs" / tiny_lm.name
     shutil.copytree(tiny_lm, run)
     sets = [
@@ -50,20 +46,31 @@ def test_a_task_module_finetunes_and_evaluates(echo, tiny_lm, tmp_path):
         "task.max_seq_length=64",
         f"train.out_dir={tmp_path / 'runs'}",
     ]
-    invoke(
-        "finetune", "--ckpt", run, "--task", "echo", "--name", "echo", "-q", *[x for s in sets for x in ("--set", s)]
+    ssmlm(
+        root,
+        "finetune",
+        "--ckpt",
+        run,
+        "--task",
+        "echo",
+        "--name",
+        "echo",
+        "-q",
+        *[x for s in sets for x in ("--set", s)],
     )
     ft = tmp_path / "runs" / "echo"
     assert json.loads((ft / "run.json").read_text())["task"] == "echo"
     assert json.loads((ft / "summary.json").read_text())["final_step"] == 1
-    invoke("evaluate", "--ckpt", ft, "--task", "echo", "--limit", 3)
+    ssmlm(root, "evaluate", "--ckpt", ft, "--task", "echo", "--limit", 3)
     result = json.loads((ft / "eval" / "echo-validation.json").read_text())
     assert result["metrics"]["words"] == 3 and result["seen"] == "echo" and result["step"] == 1
 
 
-def test_an_unknown_task_is_refused_by_the_declarations(echo, tiny_lm, tmp_path):
-    r = invoke("finetune", "--ckpt", tiny_lm, "--task", "ech", code=None)
-    assert r.exit_code != 0 and "phonebook, instruct, echo" in r.output
+def test_the_task_is_listed_and_an_unknown_one_refused_by_the_declarations(tiny_lm, tmp_path):
+    root = echo(tmp_path)
+    assert "echo" in ssmlm(root, "finetune", "--help") and "echo" in ssmlm(root, "evaluate", "--help")
+    out = ssmlm(root, "finetune", "--ckpt", tiny_lm, "--task", "ech", code=2)
+    assert "echo, phonebook, instruct" in out, out
 
 
 def test_every_declared_function_exists():

@@ -11,14 +11,16 @@ import random
 import re
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ssmlm.data import labels
 from ssmlm.data.config import TaskConfig
 from ssmlm.data.task_files import Table, hold_out, positions, read_task_file
 from ssmlm.data.taskdef import TaskData, TaskDef
 from ssmlm.errors import DataError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GLUE = {
     "cola": TaskDef("cola", ("sentence",), metrics=("matthews",), hub=("nyu-mll/glue", "cola")),
@@ -387,6 +389,8 @@ def encode(data: TaskData, split: str, tokenizer, max_len: int, padding: str = "
     the same function for the SSM here (kernels are evaluated at the input length) and much cheaper
     for short GLUE sentences.
     """
+    import numpy as np  # here, not at the top: the CLI lists TASKS in its --help, which stays free of numpy
+
     td, cols = data.definition, data.splits[split]
     tok = tokenizer
     tok.enable_truncation(max_length=max_len)

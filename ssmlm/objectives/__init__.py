@@ -27,15 +27,7 @@ if TYPE_CHECKING:
     from ssmlm.objectives.mlm import MLM, max_predictions
     from ssmlm.objectives.next_token import NextToken
 
-# objective.kind -> "module:class", imported on use (they bring jax; the package itself stays light, so that its
-# recipe schema, ssmlm.objectives.config, can be read without it). mlm and next_token: class(cfg, special_ids,
-# vocab_size, seq_len, seed) over token rows (``build``); lm: class(cfg, reserved_ids, train documents,
-# validation documents, seq_len, seed, …) over documents (``build_lm``; it brings the Birdie objectives with it)
-OBJECTIVES = {
-    "mlm": "ssmlm.objectives.mlm:MLM",
-    "next_token": "ssmlm.objectives.next_token:NextToken",
-    "lm": "ssmlm.objectives.lm:LMObjective",
-}
+from ssmlm.objectives.config import OBJECTIVES  # objective.kind -> "module:class", imported on use (jax)
 
 # names this package offers, from the module that defines them (imported when first used)
 _LAZY = {

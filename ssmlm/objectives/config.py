@@ -3,6 +3,11 @@ controller (``objective.controller``, the one schema the controller itself reads
 controller), each with the allowed values of its fields (CONTROLLER_RANGES, OBJECTIVE_RANGES; ssmlm.checks
 applies them to a recipe). Plain dataclasses: reading and checking a recipe stays instant. Imports ssmlm.schema,
 ssmlm.errors and the standard library only.
+
+The registries of objective kinds (OBJECTIVES) and of Birdie's named mixtures (MIXTURES) live here, as names of
+"module:attribute" imported on use: they are the only lists of those names, so a recipe's ``objective.kind`` and
+``objective.mixture`` are checked against them (their fields' choices are the registries' keys) and the CLI's help
+lists them, all without importing the objectives themselves.
 """
 
 from __future__ import annotations
@@ -87,11 +92,36 @@ def check_controller(cfg: ControllerSettings) -> None:
         raise UserError(f"controller top_n = {cfg.top_n}: expected at most proposals = {cfg.proposals}")
 
 
+# objective.kind -> "module:class" (ssmlm.objectives.objective_class imports it; they bring jax). mlm and
+# next_token: class(cfg, special_ids, vocab_size, seq_len, seed) over token rows (``build``); lm: class(cfg,
+# reserved_ids, train documents, validation documents, seq_len, seed, …) over documents (``build_lm``; it brings
+# the Birdie objectives with it)
+OBJECTIVES = {
+    "mlm": "ssmlm.objectives.mlm:MLM",
+    "next_token": "ssmlm.objectives.next_token:NextToken",
+    "lm": "ssmlm.objectives.lm:LMObjective",
+}
+
+# objective.mixture (kind: lm) -> "module:function" returning (configurations, probabilities)
+# (ssmlm.objectives.birdie.mixtures.mixture imports it): clm (next-token only), ul2 (v1 table), ul2_decoder,
+# birdie_fixed (the Birdie grid at the v1 code's class-balanced initial action, frozen: a stand-in for the paper's
+# unpublished fixed ratios), birdie (the grid, uniform over its configurations at first; a controller moves the
+# action while training runs)
+MIXTURES = {
+    "clm": "ssmlm.objectives.birdie.mixtures:clm",
+    "ul2": "ssmlm.objectives.birdie.mixtures:ul2",
+    "ul2_decoder": "ssmlm.objectives.birdie.mixtures:ul2_decoder",
+    "birdie_fixed": "ssmlm.objectives.birdie.mixtures:birdie_fixed",
+    "birdie": "ssmlm.objectives.birdie.mixtures:birdie",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
     """How token rows become training examples (ssmlm.objectives): the kind, and its parameters."""
 
-    kind: Literal["mlm", "next_token", "lm"] = "mlm"  # registry: ssmlm.objectives.OBJECTIVES; lm = Birdie's
+    # the registries' names, read when a recipe is checked (a registry line is all a new kind or mixture needs)
+    kind: Literal[tuple(OBJECTIVES)] = "mlm"  # lm = Birdie's language models
     # mlm: static = every row has `duplicate_factor` fixed masked copies (Izsak et al.; the official BiGS
     # data), dynamic = a fresh mask every step (RoBERTa), a function of (seed, step, row).
     masking: Literal["static", "dynamic"] = "static"
@@ -100,10 +130,8 @@ class ObjectiveConfig:
     duplicate_factor: int = 10  # static masking: differently-masked copies of every row
     seed: int | None = None  # None: data.seed
     # lm (the language models; ssmlm.objectives.birdie): the mixture of objective configurations, sampled
-    # per packed sample: clm (next-token only), ul2 (v1 table), ul2_decoder, birdie_fixed (the Birdie grid at
-    # the v1 code's class-balanced initial action, frozen: a stand-in for the paper's unpublished fixed ratios),
-    # birdie (the grid, uniform over its configurations at first; a controller moves the action while training runs).
-    mixture: Literal["clm", "ul2", "ul2_decoder", "birdie_fixed", "birdie"] = "clm"
+    # per packed sample (MIXTURES, above)
+    mixture: Literal[tuple(MIXTURES)] = "clm"
     # paradigm token of the sample's objective class: at the start of the prefix, at its end half the time
     # (paper A.6), or none
     paradigm: Literal["start", "end_half", "none"] = "start"

@@ -17,6 +17,8 @@ rejects shorter sources (``None``).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import math
 
 import numpy as np
@@ -297,6 +299,8 @@ def selective_copying(
     return Sample(_i32(prefix), _i32(target), n)
 
 
+# kind -> the objective function, or "module:function" for one kept in a module of its own (imported on first use,
+# so that module may import this one)
 OBJECTIVES = {
     "next_token": next_token,
     "prefix_lm": prefix_lm,
@@ -310,6 +314,16 @@ OBJECTIVES = {
 PARADIGM_PLACEMENTS = ("start", "end_half", "none")
 
 
+@functools.cache
+def objective(kind: str):
+    """The objective function registered under ``kind`` in OBJECTIVES."""
+    found = OBJECTIVES[kind]
+    if isinstance(found, str):
+        module, name = found.split(":")
+        found = getattr(importlib.import_module(module), name)
+    return found
+
+
 def sample(kind: str, cls: str, src, space: int, rng, ids: Ids, paradigm: str = "start", **params) -> Sample | None:
     """Run objective ``kind`` and add the paradigm token of class ``cls`` (one slot reserved for it):
     "start" = first prefix token (where the official v2 code prepends its paradigm string), "end_half" = last
@@ -317,8 +331,8 @@ def sample(kind: str, cls: str, src, space: int, rng, ids: Ids, paradigm: str = 
     if paradigm not in PARADIGM_PLACEMENTS:
         raise ValueError(f"paradigm {paradigm!r}: expected one of {PARADIGM_PLACEMENTS}")
     if paradigm == "none":
-        return OBJECTIVES[kind](src, space, rng, ids, **params)
-    s = OBJECTIVES[kind](src, space - 1, rng, ids, **params)
+        return objective(kind)(src, space, rng, ids, **params)
+    s = objective(kind)(src, space - 1, rng, ids, **params)
     if s is None:
         return None
     tok = np.array([ids.paradigms[cls]], np.int32)

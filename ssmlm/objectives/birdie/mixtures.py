@@ -3,18 +3,21 @@
 A ``Config`` is one action dimension of Birdie's controller: an objective class (one of
 ``reserved.CLASSES``, which picks the paradigm token and groups configs for class-balanced rewards), the
 objective function ``kind`` (a key of ``functions.OBJECTIVES``) and its keyword parameters. A mixture is
-(configs, probabilities).
+(configs, probabilities), made by a function registered under its name in ssmlm.objectives.config.MIXTURES
+(the one list of the names a recipe's ``objective.mixture`` takes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import math
 
 import numpy as np
 
 from ssmlm.data.reserved import CLASSES
+from ssmlm.objectives.config import MIXTURES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +100,7 @@ def initial_action(configs: list[Config]) -> np.ndarray:
     return np.array([1.0 / (len(present) * per_class[k]) for k in classes])
 
 
-def _ul2() -> tuple[list[Config], np.ndarray]:
+def ul2() -> tuple[list[Config], np.ndarray]:
     """v1 configs/ul2.py: the paper's UL2 baseline; infilling min length ⌊μ/c⌋; weights / 20."""
     spans = [(0.15, 3, 4), (0.15, 8, 4), (0.5, 3, 2), (0.5, 8, 2), (0.15, 64, 2), (0.5, 64, 2)]
     configs = [
@@ -109,7 +112,7 @@ def _ul2() -> tuple[list[Config], np.ndarray]:
     return configs, weights / weights.sum()
 
 
-def _ul2_decoder() -> tuple[list[Config], np.ndarray]:
+def ul2_decoder() -> tuple[list[Config], np.ndarray]:
     """UL2 for decoders (Garcia et al. 2023; v2 example ul2_decoder_config): NTP 0.6, PLM 0.2,
     infilling (0.15, 3) 0.1, infilling (0.5, 32) 0.1."""
     configs = [
@@ -127,14 +130,14 @@ def uniform_action(configs: list[Config]) -> np.ndarray:
     return np.full(len(configs), 1.0 / len(configs))
 
 
-def _birdie() -> tuple[list[Config], np.ndarray]:
+def birdie() -> tuple[list[Config], np.ndarray]:
     """The Birdie grid, uniform over its configurations (the paper's start; the controller's default
     ``start: uniform``); the controller moves the probabilities while training runs."""
     grid = birdie_grid()
     return grid, uniform_action(grid)
 
 
-def _birdie_fixed() -> tuple[list[Config], np.ndarray]:
+def birdie_fixed() -> tuple[list[Config], np.ndarray]:
     """Stand-in for the paper's Fixed Ratio Mixture ("BFR"). ASSUMPTION: the paper's hand-tuned ratios were
     never published (paper A.13), so this is the official v1 code's initial action (1/7 per class, uniform within
     each) frozen: every objective class gets an equal share, which uniform-per-configuration would not."""
@@ -142,18 +145,11 @@ def _birdie_fixed() -> tuple[list[Config], np.ndarray]:
     return grid, initial_action(grid)
 
 
-def _clm() -> tuple[list[Config], np.ndarray]:
+def clm() -> tuple[list[Config], np.ndarray]:
     """Next-token prediction only."""
     return [Config("next_token", "next_token")], np.array([1.0])
 
 
-MIXTURES = {
-    "clm": _clm,
-    "ul2": _ul2,
-    "ul2_decoder": _ul2_decoder,
-    "birdie_fixed": _birdie_fixed,
-    "birdie": _birdie,
-}
 # mixtures whose probabilities a controller may replace (train_batch's ``state``)
 DYNAMIC = {"birdie"}
 
@@ -162,5 +158,6 @@ def mixture(name: str) -> tuple[list[Config], np.ndarray]:
     """(configs, probabilities) of a named mixture (a fresh copy)."""
     if name not in MIXTURES:
         raise ValueError(f"mixture {name!r}: expected one of {sorted(MIXTURES)}")
-    configs, probs = MIXTURES[name]()
+    module, function = MIXTURES[name].split(":")
+    configs, probs = getattr(importlib.import_module(module), function)()
     return configs, np.asarray(probs, float) / np.sum(probs)
