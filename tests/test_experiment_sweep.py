@@ -180,6 +180,10 @@ def test_sweep_errors_in_arms_and_probes(tmp_path):
     fails(
         lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(task="squad_v2", entries=2), r"only phone books have"
     )
+    fails(
+        lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(split="train"),
+        r"copy.split: 'train': phone books are drawn for validation or test",
+    )
 
 
 def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
