@@ -197,6 +197,28 @@ def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
     assert stages["copy-digits"][1].metric == "digit_accuracy" and stages["copy"][1].metric is None
 
 
+def test_the_collected_sweep_keeps_each_seeds_empty_and_malformed_replies(tmp_path):
+    from types import SimpleNamespace
+
+    from ssmlm.experiment.runner import Outcome, collect_sweep
+
+    exp = load_experiment(sweep_file(tmp_path))
+    plan = build_plan(exp, tmp_path / "out")
+    metrics = {"number_accuracy": 0.0, "digit_accuracy": 0.1, "empty_replies": 0.25, "malformed_replies": 0.5}
+    done = {key: Outcome(True, {"metrics": metrics}) for key in plan.sweep.values()}
+    old = plan.sweep[("ssm-clm", 0, "lookup2", 2)]
+    done[old] = Outcome(True, {"metrics": {"number_accuracy": 0.5}})  # an evaluation from before the shares
+    cells = collect_sweep(exp, plan, SimpleNamespace(done=done))["arms"]
+    assert cells["ssm-birdie"]["copy"]["4"] == {
+        "values": {"0": 0.0},
+        "error": None,
+        "empty": {"0": 0.25},
+        "malformed": {"0": 0.5},
+    }
+    assert cells["ssm-birdie"]["copy-digits"]["4"]["malformed"] == {"0": 0.5}  # the same run's replies
+    assert "empty" not in cells["ssm-clm"]["lookup2"]["2"] and "malformed" not in cells["ssm-clm"]["lookup2"]["2"]
+
+
 @pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow
 def test_a_tiny_sweep_runs_end_to_end_and_a_second_invocation_reuses_every_run(tmp_path):
     path = sweep_file(tmp_path)
