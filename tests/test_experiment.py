@@ -157,6 +157,14 @@ def test_a_grid_without_a_test_split_is_refused(setup):
     path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "arms": arms}))
     with pytest.raises(ExperimentError, match="arms.random.evaluate.split: 'validation': a grid is selected on"):
         load_experiment(path)
+    # phone books draw a test split of their own: no test file to set
+    for a in arms.values():
+        a["finetune"] = {"recipe": "phonebook_tiny", "task": "phonebook"}
+        a["evaluate"] = {"task": "phonebook", "split": "test", "limit": 4}
+    path.write_text(
+        yaml.safe_dump({**yaml.safe_load(path.read_text()), "arms": arms, "metric": "evaluate:all_correct"})
+    )
+    assert load_experiment(path).arms["random"]["evaluate"].split == "test"
 
 
 # ----------------------------------------------------------------------------- the intervals

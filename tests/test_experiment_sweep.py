@@ -180,6 +180,10 @@ def test_sweep_errors_in_arms_and_probes(tmp_path):
     fails(
         lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(task="squad_v2", entries=2), r"only phone books have"
     )
+    fails(
+        lambda b: b["probes"]["copy"]["evaluate"]["copy"].update(split="train"),
+        r"copy.split: 'train': phone books are drawn for validation or test",
+    )
 
 
 def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
@@ -191,6 +195,28 @@ def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
         assert plan.sweep[(arm, 0, "copy-digits", 2)] == plan.sweep[(arm, 0, "copy", 2)]
     stages = exp.evaluations()
     assert stages["copy-digits"][1].metric == "digit_accuracy" and stages["copy"][1].metric is None
+
+
+def test_the_collected_sweep_keeps_each_seeds_empty_and_malformed_replies(tmp_path):
+    from types import SimpleNamespace
+
+    from ssmlm.experiment.runner import Outcome, collect_sweep
+
+    exp = load_experiment(sweep_file(tmp_path))
+    plan = build_plan(exp, tmp_path / "out")
+    metrics = {"number_accuracy": 0.0, "digit_accuracy": 0.1, "empty_replies": 0.25, "malformed_replies": 0.5}
+    done = {key: Outcome(True, {"metrics": metrics}) for key in plan.sweep.values()}
+    old = plan.sweep[("ssm-clm", 0, "lookup2", 2)]
+    done[old] = Outcome(True, {"metrics": {"number_accuracy": 0.5}})  # an evaluation from before the shares
+    cells = collect_sweep(exp, plan, SimpleNamespace(done=done))["arms"]
+    assert cells["ssm-birdie"]["copy"]["4"] == {
+        "values": {"0": 0.0},
+        "error": None,
+        "empty": {"0": 0.25},
+        "malformed": {"0": 0.5},
+    }
+    assert cells["ssm-birdie"]["copy-digits"]["4"]["malformed"] == {"0": 0.5}  # the same run's replies
+    assert "empty" not in cells["ssm-clm"]["lookup2"]["2"] and "malformed" not in cells["ssm-clm"]["lookup2"]["2"]
 
 
 @pytest.mark.slow  # out of the default suite's 15 minutes; .ci/run runs it with -m slow

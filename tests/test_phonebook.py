@@ -4,6 +4,7 @@ packing and its exact-match evaluation; scoring; the evaluator on a tiny LM run;
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 
@@ -47,13 +48,13 @@ def test_wording_for_one_two_and_many_names():
         "\n"
         "What are the phone numbers for Cy Young and Ann Lee? Find them in the phonebook above."
     )
-    assert b.response == "777-888-9999, 111-222-3333" and b.entries == 3 and b.queries == 2
+    assert b.response == " 777-888-9999, 111-222-3333" and b.entries == 3 and b.queries == 2
     one = render(names, numbers, [1], "qc")
     assert one.prompt == (
         "What is the phone number for Bo Diaz? Find it in the phonebook below.\n\nPhonebook:\n"
         "Ann Lee: 111-222-3333\nBo Diaz: 444-555-6666\nCy Young: 777-888-9999"
     )
-    assert one.response == "444-555-6666"
+    assert one.response == " 444-555-6666"  # each number after a space, as in the book
     three = render(names, numbers, [1, 2, 0], "cq")
     assert three.prompt.startswith("Phonebook:\nAnn Lee: 111-222-3333\n")
     assert three.prompt.endswith(
@@ -72,7 +73,7 @@ def test_random_book_format_names_and_response_order():
     assert len(table) == 40 and len(set(table.values())) == 40  # unique names and numbers
     assert b.entries == 40 and len(set(b.names)) == 5 and set(b.names) <= set(table)
     assert b.numbers == [table[n] for n in b.names]
-    assert b.response == ", ".join(b.numbers)
+    assert b.response == " " + ", ".join(b.numbers)
     # the same rng state gives the same book, another state another one
     assert make_book(np.random.default_rng(0), 40, 5) == b
     assert make_book(np.random.default_rng(1), 40, 5).names != b.names
@@ -266,6 +267,7 @@ def test_score_book_by_position():
         "all_correct": True,
         "digits": 30,
         "digits_correct": 30,
+        "malformed": False,
     }
     assert score_book("444-555-6666, 111-222-3333, 777-888-9999", gold)["correct"] == 1  # order matters
     assert score_book("111-222-3333", gold) == {
@@ -274,6 +276,7 @@ def test_score_book_by_position():
         "all_correct": False,
         "digits": 30,
         "digits_correct": 10,
+        "malformed": False,
     }
     assert score_book("", gold)["correct"] == 0
     # digits count position by position within the j-th number: 3 of 10 right here, none for the missing two
@@ -298,6 +301,7 @@ def test_shorter_numbers_for_small_designs():
         "all_correct": True,
         "digits": 8,
         "digits_correct": 8,
+        "malformed": False,
     }
     assert score_book("0471, 9934", gold)["digits_correct"] == 7
     with pytest.raises(DataError, match="1-digit numbers for up to 8 entries"):
@@ -328,6 +332,26 @@ def test_summarize_tables():
     assert "empty_replies" not in m  # records without their text: nothing to say
     said = [{**r, "generated": g} for r, g in zip(recs, ["0471", " \n", "", "12"], strict=True)]
     assert summarize(said)["empty_replies"] == 0.5
+
+
+def test_malformed_replies_are_counted_beside_empty_ones():
+    """A reply that is not numbers of the books' shape joined by commas (e.g. 3 digits for 4) scores no digit:
+    it is counted as malformed, so that a digit accuracy of 0 is told apart from wrong digits."""
+    four, ten = ["3433", "0471"], ["111-222-3333", "444-555-6666"]
+    for reply in (" 3433, 0471", "3433", "3433,0471 ", ""):
+        assert not score_book(reply, four)["malformed"], reply
+    for reply in ("999", " 34-33", "3433, 04711", "3433 0471", "3433,", "3433.", "the number is 3433"):
+        assert score_book(reply, four)["malformed"], reply
+    assert score_book("999", four)["digits_correct"] == 0  # what the malformed share explains
+    assert not score_book(" 111-222-3333, 444-555-6666", ten)["malformed"]
+    assert score_book("111-222-333", ten)["malformed"] and score_book("1112223333", ten)["malformed"]
+    recs = [
+        {"entries": 2, "queries": 2, "numbers": four, "generated": g, **score_book(g, four)}
+        for g in (" 3433, 0471", "", "999", " 3433, 999")
+    ]
+    m = summarize(recs)
+    assert m["empty_replies"] == 0.25 and m["malformed_replies"] == 0.5  # an empty reply is not also malformed
+    assert "malformed_replies" not in summarize([{k: v for k, v in r.items() if k != "malformed"} for r in recs])
 
 
 # ----------------------------------------------------------------------------- a tiny LM run
@@ -367,6 +391,66 @@ def lm_run(tmp_path_factory):
     (tmp / "pb.yaml").write_text(yaml.safe_dump(recipe))
     invoke("pretrain", tmp / "pb.yaml", "-q")
     return tmp / "runs" / "pb"
+
+
+def contains(ids: list[int], part: list[int]) -> bool:
+    return any(ids[i : i + len(part)] == part for i in range(len(ids) - len(part) + 1))
+
+
+@pytest.mark.parametrize("digits", [10, 4])
+def test_a_number_is_written_with_the_tokens_it_is_read_with(lm_run, digits):
+    """With the run's byte-level BPE, " 3433" (after ": " in the book) and "3433" are different tokens: the reply
+    leads each number with a space, so the ids to write are the book line's ids for that number."""
+    from ssmlm.checkpoint_eval.phonebook import phonebook_items
+    from ssmlm.runs import open_run
+
+    tok = open_run(lm_run).tokenizer()
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    for b in phonebook_items(tok, 256, n=4, seed=3, entries=(4, 8), queries=(1, 3), digits=digits):
+        reply, prompt, at = enc(b.response), enc(b.prompt), 0
+        for j, (name, number) in enumerate(zip(b.names, b.numbers, strict=True)):
+            line, head = enc(f"{name}: {number}"), enc(f"{name}:")
+            assert line[: len(head)] == head and contains(prompt, line)  # the book line, as the book encodes it
+            read = line[len(head) :]  # the number's ids in the book
+            written = reply[at : at + len(read) + (j > 0)]
+            assert written == [*enc(",")[: j > 0], *read], (number, written, read)
+            at += len(written)
+        assert at == len(reply)
+    assert enc(f" {number}") == read != enc(number)  # the old reply's form was not the book's
+
+
+class Silent:
+    """A generator that answers nothing (phonebook's evaluation drawn without a model)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, prompt, sampling, stop=()):
+        return ""
+
+
+def test_validation_and_test_books_differ_and_each_is_stable_for_a_seed(lm_run):
+    from ssmlm.checkpoint_eval.lm import EvalRequest, phonebook
+    from ssmlm.data.phonebook import SPLIT_SEEDS, phonebook_books, split_seed
+    from ssmlm.runs import open_run
+
+    run = open_run(lm_run)
+    gen = Silent(run.tokenizer())
+
+    def drawn(split: str) -> list[list[str]]:
+        result = phonebook(run, gen, EvalRequest(limit=3, split=split, entries=(4, 8)))
+        return [r["numbers"] for r in result["records"]]
+
+    val, test = drawn("validation"), drawn("test")
+    assert val != test and drawn("validation") == val and drawn("test") == test
+    # the documented offsets from train.seed (finetuning: the seed itself and seed + 1,000,003)
+    assert SPLIT_SEEDS == {"validation": 2_000_003, "test": 3_000_017}
+    settings = dataclasses.replace(run.recipe.task.phonebook, entries=[4, 8])
+    for split, offset in (("validation", 2_000_003), ("test", 3_000_017)):
+        want = phonebook_books(settings, gen.tokenizer, 256, 3, run.recipe.train.seed + offset)
+        assert drawn(split) == [b.numbers for b in want]
+    with pytest.raises(UserError, match=r"^--split 'train': phone books are drawn for validation or test"):
+        split_seed("train")
 
 
 def test_evaluator_on_a_tiny_model(lm_run):

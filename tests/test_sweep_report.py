@@ -211,3 +211,26 @@ def test_an_evaluation_with_its_own_metric_says_so(tmp_path):
     rows = list(csv.DictReader(paths["sweep_csv"].open()))
     assert {r["metric"] for r in rows if r["evaluation"] == "copy"} == {"digit_accuracy"}
     assert {r["metric"] for r in rows if r["evaluation"] != "copy"} == {"number_accuracy"}
+
+
+def test_empty_and_malformed_replies_per_cell(tmp_path):
+    """Cells whose evaluations recorded the shares of empty and malformed replies: their means over seeds in a
+    table under the evaluation's accuracies and in sweep.csv; an evaluation without them gets no such table."""
+    s = make_sweep()
+    cells = s["arms"]["hawk-clm"]["copy"]
+    for b in BUDGETS:
+        cells[str(b)]["empty"] = {"0": 0.0, "1": 0.1, "2": 0.2}
+        cells[str(b)]["malformed"] = {"0": 0.9, "1": 0.8, "2": 0.7}
+    cells["1600"]["malformed"] = {}  # not recorded there
+    summary = summarize_sweep(s)
+    assert summary["arms"]["hawk-clm"]["copy"]["200"]["empty"] == {"0": 0.0, "1": 0.1, "2": 0.2}  # kept
+    md = sweep_markdown(summary)
+    assert md.count("Replies on ") == 1 and "Replies on copy, share empty / malformed (mean over seeds" in md
+    part = md[md.index("Replies on copy") : md.index("Paired differences on copy")]
+    assert "| hawk-clm | 0.10 / 0.80 | 0.10 / 0.80 | 0.10 / 0.80 | 0.10 / – |" in part
+    assert "| hawk-birdie | – | – | – | – |" in part
+    assert md.index("### copy") < md.index("Replies on copy") < md.index("### lookup2")  # under copy's table
+    rows = list(csv.DictReader(write_sweep(summary, tmp_path)["sweep_csv"].open()))
+    got = {(r["arm"], r["evaluation"], r["budget"]): (r["empty"], r["malformed"]) for r in rows}
+    assert [float(x) for x in got[("hawk-clm", "copy", "200")]] == pytest.approx([0.1, 0.8])
+    assert got[("hawk-clm", "copy", "1600")][1] == "" and got[("hawk-birdie", "copy", "200")] == ("", "")

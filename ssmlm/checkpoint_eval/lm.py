@@ -51,6 +51,10 @@ def evaluate_lm_task(
     if task not in evaluation_tasks():
         known = ", ".join(evaluation_tasks())
         raise UserError(f"--task {task!r}: a language model is evaluated on {known} or lm-eval:TASKS")
+    if task == "phonebook":
+        from ssmlm.data.phonebook import split_seed
+
+        split_seed(split)  # a split without books fails before the model is loaded
     from ssmlm.progress import activity
     from ssmlm.runs.generate import load_generator
 
@@ -62,11 +66,13 @@ def evaluate_lm_task(
 
 
 def phonebook(run: Run, gen, request: EvalRequest) -> dict:
-    """Books like the run's finetuning validation books (its task.phonebook and length), from their own seed;
-    ``request.entries``: of that many entries instead (e.g. larger books than it was finetuned on)."""
+    """Books like the run's finetuning validation books (its task.phonebook and length), from the split's own
+    seed (ssmlm.data.phonebook.SPLIT_SEEDS); ``request.entries``: of that many entries instead (e.g. larger books
+    than it was finetuned on)."""
     from ssmlm.checkpoint_eval.phonebook import evaluate_phonebook
-    from ssmlm.data.phonebook import phonebook_books
+    from ssmlm.data.phonebook import phonebook_books, split_seed
 
+    offset = split_seed(request.split)
     task = run.recipe.task
     settings = task.phonebook
     if request.entries is not None:
@@ -74,7 +80,7 @@ def phonebook(run: Run, gen, request: EvalRequest) -> dict:
     seq_len = task.max_seq_length or run.recipe.model.max_seq_length
     n = request.limit or settings.validation_books
 
-    items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + EVAL_SEED, "drawing books")
+    items = phonebook_books(settings, gen.tokenizer, seq_len, n, run.recipe.train.seed + offset, "drawing books")
     return {**evaluate_phonebook(gen, items), "entries": list(settings.entries)}
 
 

@@ -3,7 +3,11 @@ and the JSONL prompt/response format every finetuning file uses.
 
 A book lists ``entries`` realistic, unique "First Last: DDD-DDD-DDDD" lines; the prompt asks for the numbers of
 k of them (a random subset in random order) and the response is those k numbers, in question order, joined by
-", ". The question-context-question form ("qcq", the paper's) reads::
+", " and led by a space (" 545-434-3440, 030-774-3676"). The space is there so that every number is written with
+the tokens it is read with: in the book a number follows ": ", and a byte-level BPE (GPT-2's pre-tokenizer) joins
+a leading space to the digits after it, so " 3433" and "3433" are different tokens; led by a space, the first
+number of the reply has the book's tokens, and the later ones follow ", " as the book's follow ": ". The
+question-context-question form ("qcq", the paper's) reads::
 
     What are the phone numbers for Keven Meador, Stacey Krohn, and Wade Anger? Find them in the phonebook below.
 
@@ -33,10 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ssmlm.errors import DataError
+from ssmlm.errors import DataError, UserError
 from ssmlm.progress import progress_bar
 
 FORMS = ("qcq", "qc", "cq")
+# `ssmlm evaluate --task phonebook --split S` draws its books from train.seed + SPLIT_SEEDS[S]; finetuning draws
+# its training books from train.seed itself and its validation books from train.seed + 1,000,003, so no two sets
+# share a seed stream. An experiment selects on validation and reports on test: books nothing was chosen on.
+SPLIT_SEEDS = {"validation": 2_000_003, "test": 3_000_017}
 MAX_QUERIES = 32  # the paper asks for 1..32 numbers
 PAPER_DIGITS = 10  # DDD-DDD-DDDD; other lengths are written as one run of digits (smaller designs, e.g. 4)
 
@@ -85,7 +93,19 @@ def render(book_names: list[str], book_numbers: list[str], asked: list[int], for
         "qc": [question(names, "below"), book],
         "cq": [book, question(names, "above")],
     }[form]
-    return PhoneBook("\n\n".join(parts), ", ".join(numbers), names, numbers, len(book_names))
+    return PhoneBook("\n\n".join(parts), answer(numbers), names, numbers, len(book_names))
+
+
+def answer(numbers: list[str]) -> str:
+    """The response for ``numbers``: " N1, N2, …", each number after a space as in the book (see the module doc)."""
+    return " " + ", ".join(numbers)
+
+
+def split_seed(split: str) -> int:
+    """What ``split``'s evaluation books add to train.seed (SPLIT_SEEDS); another split is a UserError."""
+    if split not in SPLIT_SEEDS:
+        raise UserError(f"--split {split!r}: phone books are drawn for {' or '.join(SPLIT_SEEDS)}, not other splits")
+    return SPLIT_SEEDS[split]
 
 
 # ----------------------------------------------------------------------------- random books

@@ -4,6 +4,11 @@ The paper's "accuracy" is not defined precisely, so both readings are reported: 
 number j is right when the j-th DDD-DDD-DDDD in the generation, or the j-th run of digits as long as the books'
 shorter numbers, equals gold number j) and all-k accuracy (every queried number right). Tables break both down
 by the number of queried numbers (1..32, Fig. 1's x-axis) and by the book's entry count.
+
+Beside the scores, the share of replies that are empty and of those that are malformed: a non-empty reply that is
+not a comma-separated list of numbers of the books' shape (e.g. "999" for 4-digit numbers, or "34-33"). Such a
+reply scores no digit at all, so a digit accuracy near 0 can mean wrong digits or answers of the wrong form; the
+malformed share tells which.
 """
 
 from __future__ import annotations
@@ -23,10 +28,22 @@ def parse_numbers(text: str, like: str | None = None) -> list[str]:
     return re.findall(rf"(?<!\d)\d{{{len(like)}}}(?!\d)", text)
 
 
+def malformed(generated: str, book_numbers: list[str]) -> bool:
+    """Whether a non-empty reply is not a list of numbers shaped like ``book_numbers`` joined by commas (spaces
+    around each number allowed); an empty reply is empty, not malformed."""
+    text = generated.strip()
+    if not text or not book_numbers:
+        return False
+    like = book_numbers[0]
+    shape = NUMBER if NUMBER.fullmatch(like) else re.compile(rf"\d{{{len(like)}}}")
+    return not all(shape.fullmatch(piece.strip()) for piece in text.split(","))
+
+
 def score_book(generated: str, book_numbers: list[str]) -> dict:
-    """{queries, correct, all_correct, digits, digits_correct}: queried number j is correct iff the j-th number
-    parsed from ``generated`` equals ``book_numbers[j]`` (a missing, extra-early or reordered number counts as
-    wrong); its digits are compared position by position with the same j-th number (missing: none right)."""
+    """{queries, correct, all_correct, digits, digits_correct, malformed}: queried number j is correct iff the
+    j-th number parsed from ``generated`` equals ``book_numbers[j]`` (a missing, extra-early or reordered number
+    counts as wrong); its digits are compared position by position with the same j-th number (missing: none
+    right); ``malformed``: see ``malformed``."""
     got = parse_numbers(generated, book_numbers[0] if book_numbers else None)
     correct = sum(j < len(got) and got[j] == gold for j, gold in enumerate(book_numbers))
     digits = sum(sum(c.isdigit() for c in gold) for gold in book_numbers)
@@ -41,6 +58,7 @@ def score_book(generated: str, book_numbers: list[str]) -> dict:
         "all_correct": correct == len(book_numbers),
         "digits": digits,
         "digits_correct": digits_correct,
+        "malformed": malformed(generated, book_numbers),
     }
 
 
@@ -72,7 +90,7 @@ def summarize(records: list[dict]) -> dict:
     """Overall per-number and all-k accuracy (fractions in [0, 1]), and the same per number of queries
     ("by_queries", keys "1".."32" ascending) and per entry-count bin ("by_entries", keys in bin order).
     ``records``: dicts with "entries", "queries", "correct", "all_correct" (and "generated": the share of empty
-    replies is given too)."""
+    replies is given too; "malformed": the share of malformed ones)."""
     by_k: dict[str, list] = {}
     by_n: dict[str, list] = {}
     for r in sorted(records, key=lambda r: (r["queries"], r["entries"])):
@@ -90,4 +108,6 @@ def summarize(records: list[dict]) -> dict:
     if records and all("generated" in r for r in records):
         # a model that ends its reply at once scores below a guesser's chance: say so beside the accuracies
         out["empty_replies"] = sum(not r["generated"].strip() for r in records) / len(records)
+    if records and all("malformed" in r for r in records):  # a reply of the wrong form scores no digit
+        out["malformed_replies"] = sum(bool(r["malformed"]) for r in records) / len(records)
     return {**out, "by_queries": _table(by_k), "by_entries": _table(by_n)}

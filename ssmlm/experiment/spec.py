@@ -60,6 +60,7 @@ import yaml
 
 from ssmlm import yamlfile
 from ssmlm.data.lm_tasks import finetuning_tasks
+from ssmlm.data.phonebook import SPLIT_SEEDS
 from ssmlm.errors import UserError
 
 STAGES = ("pretrain", "finetune", "evaluate", "analyze")
@@ -484,6 +485,8 @@ def check_recipes(exp: Experiment, fail) -> None:
         ]:
             if ev is not None and ev.entries and ev.task != "phonebook":
                 raise fail(f"{key}.entries", "only phone books have entries: give task: phonebook")
+            if ev is not None and ev.task == "phonebook" and ev.split not in SPLIT_SEEDS:
+                raise fail(f"{key}.split", f"{ev.split!r}: phone books are drawn for {' or '.join(SPLIT_SEEDS)}")
 
 
 def stage_overrides(s: Stage) -> list[str]:
@@ -517,5 +520,5 @@ def _check_task(r, exp: Experiment, field: str, fail) -> None:
             f"arms.{arm}.evaluate.split",
             f"{split!r}: a grid is selected on validation; report it on a test split (split: test)",
         )
-    if split == "test" and not (r.task.test_file or r.task.data_dir):
+    if split == "test" and r.task.name != "phonebook" and not (r.task.test_file or r.task.data_dir):
         raise fail(field, "a grid needs a test split to report on: set task.test_file=FILE (with labels)")

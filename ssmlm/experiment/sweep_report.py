@@ -10,8 +10,13 @@ The sweep as the runner gives it:
     seeds: [0, 1, 2]
     evaluations: {copy: {probe: copy, chance: 0.0001, about: 1-entry books}, ...}   # the file's order; an
                                                   # evaluation's own metric, if it has one: its "metric"
-    arms: {ARM: {EVAL: {BUDGET (str): {values: {SEED: float}, error: str | None}}}}
+    arms: {ARM: {EVAL: {BUDGET (str): {values: {SEED: float}, error: str | None,
+                                       empty: {SEED: float}, malformed: {SEED: float}}}}}  # the last two: optional
     reference: {ARM: ITS_REFERENCE} | ARM | None                                      # paired by seed
+
+``empty`` and ``malformed``: each seed's share of empty replies and of replies not shaped like the books' numbers
+(phone-book evaluations record both); the report gives their means beside the accuracies, since an accuracy of 0
+from replies that say nothing or are not numbers reads differently from one of wrong numbers.
 
 summarize_sweep adds to every cell ``interval`` and ``difference`` (stats' Interval.to_dict(), or None) and
 ``reference``, and at the top ``from_budget`` and ``above_chance_at`` (arm -> evaluation -> ...)."""
@@ -55,8 +60,11 @@ COLUMNS = (
     "diff_high",
     "diff_estimable",
     "diff_reason",
+    "empty",
+    "malformed",
     "error",
 )
+SHARES = ("empty", "malformed")  # a cell's per-seed shares of such replies
 # CLM dashed and Birdie solid, so that an architecture's pair (one colour) reads at a glance
 LINESTYLES = {"clm": "--", "birdie": "-"}
 OTHER_LINESTYLES = (":", "-.", (0, (5, 1, 1, 1)))
@@ -77,6 +85,12 @@ def _values(cell: dict | None) -> dict[str, float]:
     """seed (as a string: JSON's keys are) -> value, seeds in order (a bootstrap's resamples follow the order)."""
     vals = {str(k): float(v) for k, v in ((cell or {}).get("values") or {}).items() if v is not None}
     return {k: vals[k] for k in sorted(vals, key=_seed_order) if math.isfinite(vals[k])}
+
+
+def share(cell: dict, name: str) -> float | None:
+    """The mean over seeds of the cell's share ``name`` (SHARES; None where the evaluation did not record it)."""
+    vals = [float(v) for v in (cell.get(name) or {}).values() if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def cell_of(sweep: dict, arm: str, evaluation: str, budget) -> dict | None:
@@ -187,6 +201,23 @@ def _level_table(s: dict, ev: str) -> tuple[list[str], bool]:
     return markdown_table(head, rows, align="l" + "r" * (len(budgets) + 1)), was_cut
 
 
+def _shares_text(cell: dict) -> str:
+    """ "empty / malformed" as the means over seeds ("0.00 / 0.85"), "–" for a share not recorded."""
+    shares = [share(cell, name) for name in SHARES]
+    return "–" if all(x is None for x in shares) else " / ".join("–" if x is None else f"{x:.2f}" for x in shares)
+
+
+def _replies_table(s: dict, ev: str) -> list[str]:
+    """Rows = arms, columns = budgets: the mean shares of empty / malformed replies; none when no cell has them."""
+    if not any(cell.get(name) for evs in s["arms"].values() for cell in evs[ev].values() for name in SHARES):
+        return []
+    budgets = s["budgets"]
+    rows = [[arm, *(_shares_text(evs[ev][str(b)]) for b in budgets)] for arm, evs in s["arms"].items()]
+    lines = markdown_table(["arm", *(f"step {b}" for b in budgets)], rows, align="l" + "r" * len(budgets))
+    what = "share empty / malformed (mean over seeds; malformed: not numbers of the books' shape)"
+    return ["", f"Replies on {ev}, {what}:", "", *lines]
+
+
 def verdict(d: dict | None) -> tuple[str, str]:
     """A plain-language reading of one paired difference arm − reference: (verdict, why)."""
     if not d:
@@ -251,7 +282,7 @@ def sweep_markdown(summary: dict) -> str:
     for ev, e in s["evaluations"].items():
         table, cut_here = _level_table(s, ev)
         what = ", ".join(x for x in (metric_of(s, ev), e.get("about"), f"probe {e.get('probe')}") if x)
-        text += ["", f"### {ev} ({what})", "", *table]
+        text += ["", f"### {ev} ({what})", "", *table, *_replies_table(s, ev)]
         was_cut |= cut_here
         if any(reference_of(s, arm) for arm in s["arms"]):
             diff, readings, cut_here = _difference_table(s, ev)
@@ -315,6 +346,7 @@ def csv_rows(summary: dict) -> list[dict]:
                         "diff_high": d.get("high"),
                         "diff_estimable": d.get("estimable"),
                         "diff_reason": d.get("reason"),
+                        **{name: share(cell, name) for name in SHARES},
                         "error": cell.get("error"),
                     }
                 )
