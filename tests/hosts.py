@@ -27,6 +27,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def one_process(args: list, cwd: Path, devices: int = 2) -> None:
+    """`ssmlm ARGS` as one process with ``devices`` CPU devices: the mesh a run of ``devices`` hosts of one device
+    each has, so the same program (an all-reduce of two operands sums them in either order to the same bits)."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": flags}
+    done = subprocess.run(
+        [sys.executable, "-m", "ssmlm", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def require_unshare() -> None:
     """Skip unless this user may make mount namespaces (root, or a kernel that lets users: CI runs as root)."""
     try:
