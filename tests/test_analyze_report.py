@@ -26,6 +26,7 @@ import pytest
 from conftest import english_lines, invoke, load_benchmark, tiny_recipe
 
 from ssmlm.analyze.report import MAX_ROWS, PARTS
+from ssmlm.progress import clock_time
 
 ROOT = Path(__file__).resolve().parents[1]
 # the headless-Chromium checker is a development tool beside benchmarks/check_report.py, not part of ssmlm
@@ -279,7 +280,7 @@ def test_report_page_shows_recipe_curves_evaluations_and_analyses(runs, report):
         assert f"{params / 1e3:.3g}k parameters" in part
         assert f"{2 * 8 * N} (2 steps × 8 rows × {N})" in part
         seconds = json.loads((run_dir / "summary.json").read_text())
-        assert f"{seconds.get('seconds_total', seconds['seconds']):.1f} s" in part
+        assert clock_time(seconds.get("seconds_total", seconds["seconds"])) in part  # H:MM:SS, as every duration
         # the curves: the embedded loss plot is the PNG written beside the page, byte for byte
         curves = [out / name / "curve_loss.png", out / name / "curve_throughput.png"]
         for png in curves:
