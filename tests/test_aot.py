@@ -166,6 +166,7 @@ def test_gpu_report_and_accumulation_bounds_memory():
     assert accum["memory"]["temporaries"] < 0.5 * whole["memory"]["temporaries"], (accum["memory"], whole["memory"])
 
 
+@pytest.mark.slow  # 50-100 s on 2 busy cores: out of the default suite's 15 minutes; .ci/run runs it
 @needs_cuda
 def test_fit_finds_the_accumulation_that_fits():
     """A batch whose logits exceed one H100's 80 GB: --fit finds the smallest grad_accum that fits and says it
@@ -244,6 +245,7 @@ def test_cli_batch_that_does_not_split():
     assert out.exit_code == 2 and "train.batch_size = 6" in out.output, out.output
 
 
+@pytest.mark.slow  # 50-100 s on 2 busy cores: out of the default suite's 15 minutes; .ci/run runs it
 @needs_cuda
 def test_finetune_and_extend_length_compile_for_a_target(tiny_encoder, tiny_lm):
     """finetune (an encoder's classification head, a language model's prompt rows) and extend-length (the source's

@@ -299,6 +299,7 @@ def test_odd_state_refused_in_bidirectional_layer():
     assert count_params(build_lm(tiny("gated_ssm", "none", state_size=15)))
 
 
+@pytest.mark.slow  # 50-100 s on 2 busy cores: out of the default suite's 15 minutes; .ci/run runs it
 def test_remat_and_tied_head_compute_the_same_function():
     tokens, seg, types, pos = packed([SAMPLE_A, SAMPLE_B], 12)
     plain = build_lm(tiny("hawk", tie_embeddings=True))
