@@ -10,6 +10,7 @@ so any schema module can use it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import re
 import typing
@@ -81,3 +82,9 @@ def check_section(obj, ranges: dict[str, Rule], name: str) -> None:
         value = getattr(obj, key)
         if value is not None and not rule.holds(value):
             raise UserError(f"{name} {key} = {value!r}: expected {rule.expected}")
+
+
+def named(ref: str):
+    """The object a registry names as "module:name" (its module imported on first use: registries stay light)."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)

@@ -74,8 +74,9 @@ def test_the_task_is_listed_and_an_unknown_one_refused_by_the_declarations(tiny_
 
 
 def test_every_declared_function_exists():
-    from ssmlm.data.lm_tasks import LM_TASKS, function
+    from ssmlm.data.lm_tasks import LM_TASKS
+    from ssmlm.schema import named
 
     for name, task in LM_TASKS.items():
         for ref in (task.reader, task.evaluation):
-            assert ref is None or callable(function(ref)), (name, ref)
+            assert ref is None or callable(named(ref)), (name, ref)

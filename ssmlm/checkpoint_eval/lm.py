@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ssmlm import staging
-from ssmlm.data.lm_tasks import LM_TASKS, evaluation_tasks, function
+from ssmlm.data.lm_tasks import LM_TASKS, evaluation_tasks
 from ssmlm.errors import UserError
 from ssmlm.runs import Run
+from ssmlm.schema import named
 
 EVAL_SEED = 2_000_003  # evaluation books/items come from their own seed stream (never a training one)
 
@@ -61,7 +62,7 @@ def evaluate_lm_task(
     with activity(f"loading {run.dir}"):
         gen = load_generator(run.dir)
     request = EvalRequest(data_dir, validation_file, limit, batch_size, split, entries)
-    out = function(LM_TASKS[task].evaluation)(run, gen, request)
+    out = named(LM_TASKS[task].evaluation)(run, gen, request)
     return {"run": staging.location(run.dir), "task": task, "split": split, "step": gen.step, "limit": limit, **out}
 
 

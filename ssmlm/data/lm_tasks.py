@@ -11,7 +11,6 @@ functions are named "module:function" and imported on use. A new task is its fun
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -78,9 +77,3 @@ def default_recipe(name: str) -> str:
 def evaluation_tasks() -> list[str]:
     """The tasks `ssmlm evaluate --task` decodes a language model on (besides lm-eval:TASKS)."""
     return [name for name, t in LM_TASKS.items() if t.evaluation]
-
-
-def function(ref: str) -> Callable:
-    """The function a declaration names as "module:function"."""
-    module, name = ref.split(":")
-    return getattr(importlib.import_module(module), name)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ssmlm.objectives.next_token import NextToken
 
 from ssmlm.objectives.config import OBJECTIVES  # objective.kind -> "module:class", imported on use (jax)
+from ssmlm.schema import named
 
 # names this package offers, from the module that defines them (imported when first used)
 _LAZY = {
@@ -47,10 +48,7 @@ def __getattr__(name: str):
 
 def objective_class(kind: str):
     cls = OBJECTIVES[kind]
-    if isinstance(cls, str):
-        module, name = cls.split(":")
-        cls = getattr(importlib.import_module(module), name)
-    return cls
+    return named(cls) if isinstance(cls, str) else cls
 
 
 def build(cfg, special_ids: dict[str, int], vocab_size: int, seq_len: int, default_seed: int):

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 
 import numpy as np
 
 from ssmlm.data import reserved as R
+from ssmlm.schema import named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,10 +318,7 @@ PARADIGM_PLACEMENTS = ("start", "end_half", "none")
 def objective(kind: str):
     """The objective function registered under ``kind`` in OBJECTIVES."""
     found = OBJECTIVES[kind]
-    if isinstance(found, str):
-        module, name = found.split(":")
-        found = getattr(importlib.import_module(module), name)
-    return found
+    return named(found) if isinstance(found, str) else found
 
 
 def sample(kind: str, cls: str, src, space: int, rng, ids: Ids, paradigm: str = "start", **params) -> Sample | None:

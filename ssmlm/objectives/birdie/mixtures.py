@@ -10,7 +10,6 @@ objective function ``kind`` (a key of ``functions.OBJECTIVES``) and its keyword 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 import math
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from ssmlm.data.reserved import CLASSES
 from ssmlm.objectives.config import MIXTURES
+from ssmlm.schema import named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +158,5 @@ def mixture(name: str) -> tuple[list[Config], np.ndarray]:
     """(configs, probabilities) of a named mixture (a fresh copy)."""
     if name not in MIXTURES:
         raise ValueError(f"mixture {name!r}: expected one of {sorted(MIXTURES)}")
-    module, function = MIXTURES[name].split(":")
-    configs, probs = getattr(importlib.import_module(module), function)()
+    configs, probs = named(MIXTURES[name])()
     return configs, np.asarray(probs, float) / np.sum(probs)

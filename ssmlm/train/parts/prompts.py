@@ -18,11 +18,12 @@ import json
 
 from ssmlm import staging
 from ssmlm.data.finetune_task import check_train_file
-from ssmlm.data.lm_tasks import LM_TASKS, finetuning_tasks, function
+from ssmlm.data.lm_tasks import LM_TASKS, finetuning_tasks
 from ssmlm.errors import UserError
 from ssmlm.progress import activity, console
 from ssmlm.recipe import Recipe
 from ssmlm.runs import Run
+from ssmlm.schema import named
 from ssmlm.train import loop
 from ssmlm.train.parts import Work, local_rows, source_weights, total_steps
 
@@ -36,7 +37,7 @@ def prompt_pairs(recipe: Recipe, tokenizer, seq_len: int, quiet: bool = False) -
         known = ", ".join(finetuning_tasks())
         raise UserError(f"--task {task.name!r}: a language model finetunes on {known}")
     check_train_file(task)
-    return function(declared.reader)(recipe, tokenizer, seq_len, quiet)
+    return named(declared.reader)(recipe, tokenizer, seq_len, quiet)
 
 
 def phonebook_pairs(recipe: Recipe, tokenizer, seq_len: int, quiet: bool) -> tuple[list[dict], list[dict]]:
