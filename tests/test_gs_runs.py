@@ -154,6 +154,8 @@ def test_an_experiment_in_a_bucket_runs_there_and_a_second_invocation_reuses_it(
     }
     (tmp_path / "exp.yaml").write_text(json.dumps(spec))
     os.chdir(tmp_path)
+    own_files = sorted(p.name for p in tmp_path.iterdir())  # the test's own: nothing else may stay local
+    assert own_files == ["corpus", "exp.yaml", "order-train.jsonl", "order-validation.jsonl", "r.yaml"]
     before = staged_folders()
     out = f"{bucket.url}/exp"
     r = invoke("experiment", tmp_path / "exp.yaml", "--out", out)
@@ -167,13 +169,7 @@ def test_an_experiment_in_a_bucket_runs_there_and_a_second_invocation_reuses_it(
     info = json.loads(paths.read_bytes(f"{out}/runs/pretrained/seed0/finetune/run.json"))
     assert info["source"] == f"{out}/runs/pretrained/seed0/pretrain"
     assert "ssmlm-staged" not in paths.read_bytes(f"{out}/results.json").decode()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "corpus",
-        "exp.yaml",
-        "order-train.jsonl",
-        "order-validation.jsonl",
-        "r.yaml",
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == own_files
 
     r = invoke("experiment", tmp_path / "exp.yaml", "--out", out)
     assert r.output.count("(reused)") == 3, r.output
@@ -191,13 +187,7 @@ def test_an_experiment_in_a_bucket_runs_there_and_a_second_invocation_reuses_it(
     r = invoke("results", run, "--out", f"{bucket.url}/elsewhere/table.md")
     assert f"wrote {bucket.url}/elsewhere/table.md" in r.output
     assert paths.read_bytes(f"{bucket.url}/elsewhere/table.md").decode().startswith("|")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "corpus",
-        "exp.yaml",
-        "order-train.jsonl",
-        "order-validation.jsonl",
-        "r.yaml",
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == own_files
     assert staged_folders() - before <= copies | {str(p.parent) for p in staging._fetched.values()}
 
 
