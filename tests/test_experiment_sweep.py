@@ -186,6 +186,21 @@ def test_sweep_errors_in_arms_and_probes(tmp_path):
     )
 
 
+def test_a_pretraining_only_file_may_set_its_steps(tmp_path):
+    """Only a sweep sets train.steps from its budgets: a file of stages [pretrain] (e.g. a sweep's pretraining
+    started before its probe is chosen, into the same --out) gives its own."""
+    body = yaml.safe_load(sweep_file(tmp_path).read_text())
+    arms = {
+        a: {"pretrain": {**s["pretrain"], "set": [*s["pretrain"].get("set", []), "train.steps=9"]}}
+        for a, s in body["arms"].items()
+    }
+    path = tmp_path / "pre.yaml"
+    raw = {"seeds": [0], "stages": ["pretrain"], "metric": "pretrain:loss", "reference": "ssm-clm", "arms": arms}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    exp = load_experiment(path)
+    assert exp.stages == ("pretrain",) and not exp.budgets
+
+
 def test_an_evaluation_scored_by_another_metric_shares_its_run(tmp_path):
     exp = load_experiment(sweep_file(tmp_path))
     plan = build_plan(exp, tmp_path / "out")

@@ -248,7 +248,7 @@ def test_exact_match_per_sample_under_teacher_forcing():
     assert float(out["samples"]) == 3 and float(out["exact"]) == 2
     scores = PromptResponseObjective.score([out, out])
     assert scores["exact_match"] == pytest.approx(2 / 3) and scores["samples"] == 6
-    assert scores["token_accuracy"] == pytest.approx(7 / 8)
+    assert scores["token_accuracy"] == pytest.approx(7 / 8) and scores["target_tokens"] == 16  # 8 per call
     # p(argmax) = 0.5, every other token 0.5 / 9: 7 slots at -log 0.5, the miss at -log(0.5/9)
     assert scores["loss"] == pytest.approx((7 * np.log(2) + np.log(18)) / 8, rel=1e-5)
     s, e = segment_exact(jnp.asarray(predicted != targets), jnp.asarray(weights), jnp.asarray(segments))

@@ -203,7 +203,7 @@ def load_experiment(path: str | Path) -> Experiment:
     stages = _stages(raw["stages"], fail)
     budgets, probes = _sweep(raw, stages, fail)
     arm_stages = ("pretrain",) if budgets else stages  # a sweep's arms give only their pretraining
-    arms = {name: _arm(name, body, arm_stages, fail) for name, body in arms_raw.items()}
+    arms = {name: _arm(name, body, arm_stages, bool(budgets), fail) for name, body in arms_raw.items()}
     metric = _metric(raw["metric"], raw.get("goal"), raw.get("bounds", "default"), stages, fail)
     reference = _reference(raw.get("reference"), arms, fail)
     grid = _grid(raw.get("grid"), stages, fail)
@@ -307,12 +307,12 @@ def _stages(v, fail) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
+def _arm(name, body, stages: tuple[str, ...], sweep: bool, fail) -> dict[str, Stage]:
     if not isinstance(name, str) or not NAME.match(name):
         raise fail(f"arms.{name}", "an arm's name is a directory name: letters, digits, '.', '_', '-'")
     body = _mapping(body, f"arms.{name}", fail)
     _unknown(body, set(STAGES), f"arms.{name}.", fail)
-    if stages == ("pretrain",) and set(body) != {"pretrain"}:
+    if sweep and set(body) != {"pretrain"}:
         raise fail(
             f"arms.{name}", "a budget sweep's arms give only pretrain: finetuning and evaluation are the probes'"
         )
@@ -320,7 +320,7 @@ def _arm(name, body, stages: tuple[str, ...], fail) -> dict[str, Stage]:
     for stage, section in body.items():
         out[stage] = _section(stage, section, f"arms.{name}.{stage}", fail)
     for k in ("train.steps", "train.keep_steps"):
-        if stages == ("pretrain",) and any(x.split("=")[0].strip() == k for x in out["pretrain"].set):
+        if sweep and any(x.split("=")[0].strip() == k for x in out["pretrain"].set):
             raise fail(f"arms.{name}.pretrain.set", f"{k}: a budget sweep sets it from budgets; drop it")
     if "evaluate" in stages:
         out.setdefault("evaluate", Stage())

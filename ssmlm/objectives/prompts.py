@@ -192,4 +192,5 @@ class PromptResponseObjective:
             "token_accuracy": total("correct") / max(count, 1.0),
             "exact_match": total("exact") / max(samples, 1.0),
             "samples": samples,
+            "target_tokens": count,  # loss * target_tokens / samples: the nats of a whole response
         }
