@@ -496,6 +496,11 @@ def test_the_eta_times_pretraining_per_step_and_names_what_is_not_timed_yet():
     assert "ETA 0:05:20 +" in lines[-1], lines[-1]
     r._finish(Job("f", "finetune", "f", Path("f")), Outcome(True, {}, 30.0))
     assert lines[-1].endswith("2 to go, ETA 0:05:50"), lines[-1]
+    # a run resumed at step 150 of 200 ran 50 steps in its 5 s: 0.1 s per step, as if it had run whole
+    lines.clear()
+    r = Runner(Path("."), Counter(pretrain=2), steps=1000, echo=lines.append)
+    r._finish(jobs[0], Outcome(True, {"start_step": 150, "final_step": 200, "total_steps": 200}, 5.0))
+    assert lines[-1].endswith("1 to go, ETA 0:01:20"), lines[-1]
 
 
 # ----------------------------------------------------------------------------- the order of work

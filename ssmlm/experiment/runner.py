@@ -130,7 +130,7 @@ class Runner:
 
     def _finish(self, job: Job, o: Outcome, how: str | None = None) -> None:
         self.done[job.key] = o
-        self.eta.finished(job, o.seconds if o.ok and not o.reused else None)
+        self.eta.finished(job, whole_run_seconds(o) if o.ok and not o.reused else None)
         how = how or ("reused" if o.reused else clock_time(o.seconds))
         what = "done" if o.ok else "FAILED"
         tail = "" if o.ok else f": {o.error}"
@@ -195,6 +195,16 @@ def run_counts(exp: Experiment, plan: Plan) -> Counter:
     n_analyze = sum(len(a["analyze"].analyses) for a in exp.arms.values() if "analyze" in a) * len(exp.seeds)
     pretrain, finetune = len(plan.of_kind("pretrain")), len(plan.of_kind("finetune"))
     return Counter(pretrain=pretrain, finetune=finetune, evaluate=n_eval, analyze=n_analyze)
+
+
+def whole_run_seconds(o: Outcome) -> float:
+    """What the whole run would have taken: a training run resumed from a checkpoint ran only its last steps in
+    ``o.seconds``, so that time is scaled to all of its steps (the estimate counts the run's every step)."""
+    r = o.result if isinstance(o.result, dict) else {}
+    start, final, total = r.get("start_step"), r.get("final_step"), r.get("total_steps")
+    if isinstance(start, int) and start > 0 and isinstance(final, int) and final > start and total:
+        return o.seconds * total / (final - start)
+    return o.seconds
 
 
 def dry_run_time(exp: Experiment, out: Path, jobs: int) -> str:
