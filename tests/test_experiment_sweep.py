@@ -84,6 +84,24 @@ def sweep_file(tmp: Path, **changes) -> Path:
     return path
 
 
+def test_the_hawk_copy_file_runs_its_chosen_probe_on_every_arm_and_five_seeds():
+    """experiments/birdie_hawk_copy.yaml: the probe chosen on validation books (docs/benchmarks.md) - 600 steps at a
+    constant 1e-3 after 30 warmup steps, a new book per row - from step 400 of each arm, scored on 400 test books."""
+    exp = load_experiment(SHIPPED.with_name("birdie_hawk_copy.yaml"))
+    assert exp.seeds == (0, 1, 2, 3, 4) and exp.budgets == (400,)
+    assert exp.reference == {"hawk-birdie": "hawk-clm", "transformer-birdie": "transformer-clm"}
+    plan = build_plan(exp, Path("/tmp/out"))
+    ft = plan.of_kind("finetune")
+    assert len(plan.of_kind("pretrain")) == len(ft) == 4 * 5
+    for j in ft:
+        t, pb = j.recipe.train, j.recipe.task.phonebook
+        assert (t.steps, t.batch_size, t.learning_rate, t.schedule, t.warmup_steps) == (600, 16, 1e-3, "constant", 30)
+        assert pb.train_books == t.steps * t.batch_size and (list(pb.entries), pb.digits) == ([1, 1], 4)
+        assert t.init_step == 400 and t.seed == j.seed
+    ev = plan.of_kind("evaluate")
+    assert len(ev) == 4 * 5 and {(j.split, j.limit) for j in ev} == {("test", 400)}
+
+
 def test_the_shipped_sweep_file_loads_and_plans_one_pretraining_per_arm_and_seed():
     exp = load_experiment(SHIPPED)
     assert exp.budgets == (200, 400) and list(exp.probes) == ["copy"]
