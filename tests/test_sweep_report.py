@@ -234,3 +234,20 @@ def test_empty_and_malformed_replies_per_cell(tmp_path):
     got = {(r["arm"], r["evaluation"], r["budget"]): (r["empty"], r["malformed"]) for r in rows}
     assert [float(x) for x in got[("hawk-clm", "copy", "200")]] == pytest.approx([0.1, 0.8])
     assert got[("hawk-clm", "copy", "1600")][1] == "" and got[("hawk-birdie", "copy", "200")] == ("", "")
+
+
+def test_each_objective_has_its_own_marker_so_a_one_budget_plot_tells_the_pair_apart():
+    """With one budget there is no line to see: the marker alone says CLM (square) or Birdie (circle)."""
+    from ssmlm.experiment.sweep_report import styles
+
+    s = styles(["hawk-clm", "hawk-birdie", "transformer-clm", "transformer-birdie", "hawk-ul2", "hawk-causal"])
+    assert s["hawk-clm"]["color"] == s["hawk-birdie"]["color"] != s["transformer-clm"]["color"]
+    assert (
+        (s["hawk-clm"]["marker"], s["hawk-birdie"]["marker"])
+        == ("s", "o")
+        == (
+            s["transformer-clm"]["marker"],
+            s["transformer-birdie"]["marker"],
+        )
+    )
+    assert len({s[a]["marker"] for a in ("hawk-clm", "hawk-birdie", "hawk-ul2", "hawk-causal")}) == 4

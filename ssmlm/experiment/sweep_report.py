@@ -68,6 +68,9 @@ SHARES = ("empty", "malformed")  # a cell's per-seed shares of such replies
 # CLM dashed and Birdie solid, so that an architecture's pair (one colour) reads at a glance
 LINESTYLES = {"clm": "--", "birdie": "-"}
 OTHER_LINESTYLES = (":", "-.", (0, (5, 1, 1, 1)))
+# and a marker each, which tells the pair apart where there is no line to see: a sweep of one budget
+MARKERS = {"clm": "s", "birdie": "o"}
+OTHER_MARKERS = ("^", "D", "v")
 
 
 def reference_of(sweep: dict, arm: str) -> str | None:
@@ -357,18 +360,21 @@ def csv_rows(summary: dict) -> list[dict]:
 
 
 def styles(arms) -> dict[str, dict]:
-    """arm -> colour and line style: one colour per family (the name before the first '-'), CLM dashed and
-    Birdie solid (other variants dotted, dash-dotted, ...)."""
+    """arm -> colour, line style and marker: one colour per family (the name before the first '-'), CLM dashed
+    squares and Birdie solid circles (other variants dotted triangles, dash-dotted diamonds, ...)."""
     families: dict[str, str] = {}
     out, others = {}, {}
     for arm in arms:
         family, _, variant = arm.partition("-")
         colour = families.setdefault(family, f"C{len(families) % 10}")
         if variant.lower() in LINESTYLES:
-            ls = LINESTYLES[variant.lower()]
+            ls, marker = LINESTYLES[variant.lower()], MARKERS[variant.lower()]
+        elif variant:
+            i = others.setdefault(variant, len(others))
+            ls, marker = OTHER_LINESTYLES[i % len(OTHER_LINESTYLES)], OTHER_MARKERS[i % len(OTHER_MARKERS)]
         else:
-            ls = OTHER_LINESTYLES[others.setdefault(variant, len(others)) % len(OTHER_LINESTYLES)] if variant else "-"
-        out[arm] = {"color": colour, "ls": ls}
+            ls, marker = "-", "o"
+        out[arm] = {"color": colour, "ls": ls, "marker": marker}
     return out
 
 
@@ -381,7 +387,8 @@ def _plot_arm(ax, s: dict, ev: str, arm: str, style: dict, shift: float) -> None
     xs = [b * 2**shift for b in budgets]
     ivs = [s["arms"][arm][ev][str(b)]["interval"] for b in budgets]
     means = [iv["mean"] if iv else np.nan for iv in ivs]
-    ax.plot(xs, means, color=style["color"], ls=style["ls"], lw=1.5, label=arm, zorder=2)
+    m = style["marker"]
+    ax.plot(xs, means, color=style["color"], ls=style["ls"], lw=1.5, marker=m, ms=5, mfc="white", label=arm, zorder=2)
     for x, b, iv in zip(xs, budgets, ivs, strict=True):
         vals = list(s["arms"][arm][ev][str(b)]["values"].values())
         # just right of the bar, which would hide them
@@ -391,9 +398,9 @@ def _plot_arm(ax, s: dict, ev: str, arm: str, style: dict, shift: float) -> None
         iv = clipped(iv)
         if iv.get("estimable", True) and iv["low"] is not None:
             err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
-            ax.errorbar([x], [iv["mean"]], yerr=err, fmt="o", ms=4, capsize=3, color=style["color"], zorder=3)
+            ax.errorbar([x], [iv["mean"]], yerr=err, fmt=m, ms=4, capsize=3, color=style["color"], zorder=3)
         else:
-            ax.scatter([x], [iv["mean"]], s=26, facecolors="white", edgecolors=style["color"], zorder=4)
+            ax.scatter([x], [iv["mean"]], s=26, marker=m, facecolors="white", edgecolors=style["color"], zorder=4)
 
 
 def _legend_extras(ax) -> None:
