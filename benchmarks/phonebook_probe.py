@@ -32,6 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ssmlm.metrics_file import read_metrics
+
 SSMLM = [sys.executable, "-m", "ssmlm"]
 DIGITS = 4
 
@@ -73,8 +75,7 @@ def one(lr: float, a) -> dict:
         run([*cmd, *sets, "--name", name, "--quiet"], a.out / f"{name}.log")
     trained = json.loads((run_dir / "summary.json").read_text())["seconds_total"]  # over its launches
     trace = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_metrics(run_dir / "metrics.jsonl"):
         if r.get("split") == "validation" and "target_tokens" in r:
             nats = r["loss"] * r["target_tokens"] / r["samples"]  # per reply
             trace.append({"step": r["step"], "nats_per_digit": nats / DIGITS, "exact": r["exact_match"]})
