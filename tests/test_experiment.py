@@ -267,6 +267,28 @@ def test_a_failing_arm_is_reported_failed_and_the_others_still_run(setup):
     assert list((out / "errors").glob("*.txt"))  # the traceback is kept
 
 
+def test_dry_run_counts_finished_evaluations_and_analyses_as_done(setup):
+    """A finished file's --dry-run said 'no measured cost yet for the 2 runs to go': its evaluation and analysis
+    were never counted as done. They are now, as the experiment would reuse them, and when only they are left
+    the line says so rather than asking for --seeds 1."""
+    path = write_experiment(setup, seeds=[0], stages=["finetune", "evaluate", "analyze"], metric="evaluate:accuracy")
+    body = yaml.safe_load(path.read_text())
+    body["arms"] = {"random": body["arms"]["random"]}
+    body["arms"]["random"].update(evaluate={"split": "test"}, analyze={"kernels": {"layers": "0"}})
+    path.write_text(yaml.safe_dump(body))
+    out = setup["tmp"] / "out"
+    dry = lambda: run_experiment(path, out, "--dry-run").output.splitlines()[-1]  # noqa: E731
+    assert dry() == "time: no measured cost yet for the 3 runs to go: run --seeds 1 first, then ask again"
+    r = run_experiment(path, out)
+    assert r.exit_code == 0 and "plus 1 evaluation." in r.output, r.output
+    assert dry() == "time: every run is done already"
+    (evaluation,) = (out / "runs/random/seed0/finetune/eval").glob("*-test.json")
+    evaluation.unlink()
+    (marker,) = (out / "runs/random/seed0/finetune/analysis").glob(".experiment-*.json")
+    marker.unlink()
+    assert dry() == "time: only 1 evaluation and 1 analysis to go; the estimate times training runs only"
+
+
 def test_grid_is_selected_on_validation_and_reported_on_test(setup):
     arms = {
         a: {

@@ -71,22 +71,28 @@ class Eta:
 
 def dry_run_estimate(jobs: list[Job], total: Counter, workers: int) -> str:
     """`experiment --dry-run`'s line on time: what is left, from the costs measured by the training runs already
-    done in the experiment's folder (their summary.json, whole over all launches), or plainly that there are none."""
-    import json
+    done in the experiment's folder (their summary.json, whole over all launches), or plainly that there are none.
+    Evaluations and analyses are not timed: they are counted, done or left, and named when they are all that is
+    left."""
+    from ssmlm.experiment.execute import reusable  # what the experiment would reuse
 
     eta = Eta(total, sum(steps(j) for j in jobs), workers)
     done = 0
     for job in jobs:
-        path = job.run_dir / "summary.json"
-        if job.kind in ("pretrain", "finetune") and path.is_file():  # what the experiment reuses
-            summary = json.loads(path.read_text())
-            eta.finished(job, summary.get("seconds_total", summary.get("seconds")))
-            done += 1
+        if (summary := reusable(job)) is None:
+            continue
+        timed = job.kind in ("pretrain", "finetune")
+        eta.finished(job, summary.get("seconds_total", summary.get("seconds")) if timed else None)
+        done += timed
     left = sum(n for n in eta.pending.values() if n > 0)
     if not left:
         return "time: every run is done already"
     est, untimed = eta.estimate()
     runs = f"{left} run{'s' if left > 1 else ''} to go"
+    if est is None and set(untimed) <= {"evaluate", "analyze"}:
+        nouns = {"evaluate": ("evaluation", "evaluations"), "analyze": ("analysis", "analyses")}
+        kinds = " and ".join(f"{(n := eta.pending[k])} {nouns[k][n > 1]}" for k in untimed)
+        return f"time: only {kinds} to go; the estimate times training runs only"
     if est is None:
         return f"time: no measured cost yet for the {runs}: run --seeds 1 first, then ask again"
     more = f", plus the {', '.join(untimed)} runs (none timed yet)" if untimed else ""

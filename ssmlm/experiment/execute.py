@@ -27,15 +27,29 @@ def execute(job: Job, verbose: bool = False) -> tuple[dict, bool]:
         staging.sync(job.run_dir)  # an experiment in a bucket: the run's records there as soon as it ends
 
 
+def reusable(job: Job) -> dict | None:
+    """What the job left when it ran before and is reused as it is (its summary or result), or None: it is to run.
+    `experiment --dry-run` asks the same, to count what is left."""
+    if job.kind == "analyze":
+        marker = job.run_dir / "analysis" / f".experiment-{job.analysis[0]}.json"
+        return json.loads(marker.read_text()) if marker.is_file() else None
+    if job.kind == "evaluate":
+        if not (job.run_dir / "summary.json").is_file():  # the run it scores has not run yet
+            return None
+        path = _evaluation_path(job)
+        return done if path.is_file() and not _stale(done := json.loads(path.read_text()), job) else None
+    path = job.run_dir / "summary.json"
+    # a run that failed (diverged) is no result: it runs again, from its newest (finite) checkpoint
+    return done if path.is_file() and "failed" not in (done := json.loads(path.read_text())) else None
+
+
 def _execute(job: Job, verbose: bool) -> tuple[dict, bool]:
+    if (done := reusable(job)) is not None:
+        return done, True
     if job.kind == "evaluate":
         return _evaluate(job)
     if job.kind == "analyze":
         return _analyze(job)
-    path = job.run_dir / "summary.json"
-    if path.is_file() and "failed" not in (done := json.loads(path.read_text())):
-        return done, True
-    # a run that failed (diverged) is no result: it runs again, from its newest (finite) checkpoint
     from ssmlm.analyze.plots import LossPlot
     from ssmlm.train import drive
 
@@ -44,16 +58,19 @@ def _execute(job: Job, verbose: bool) -> tuple[dict, bool]:
     return fn(job.recipe, job.run_dir, quiet=not verbose, hooks=[LossPlot(job.run_dir)], **kw), False
 
 
-def _evaluate(job: Job) -> tuple[dict, bool]:
+def _evaluation_path(job: Job):
     from ssmlm.display.printouts import result_name  # the file `ssmlm evaluate` writes
-    from ssmlm.runs import atomic_write, open_run
+    from ssmlm.runs import open_run
 
     run = open_run(job.run_dir)
-    path = run.dir / "eval" / result_name(job.task or run.info.get("task") or run.kind, job.split, job.entries)
-    if path.is_file() and not _stale(done := json.loads(path.read_text()), job):
-        return done, True
-    from ssmlm.checkpoint_eval.run import evaluate_run  # what `ssmlm evaluate` runs
+    return run.dir / "eval" / result_name(job.task or run.info.get("task") or run.kind, job.split, job.entries)
 
+
+def _evaluate(job: Job) -> tuple[dict, bool]:
+    from ssmlm.checkpoint_eval.run import evaluate_run  # what `ssmlm evaluate` runs
+    from ssmlm.runs import atomic_write, open_run
+
+    run, path = open_run(job.run_dir), _evaluation_path(job)
     result = evaluate_run(
         run, job.task, split=job.split, batch_size=job.batch_size, limit=job.limit, entries=job.entries
     )
@@ -83,8 +100,6 @@ def _analyze(job: Job) -> tuple[dict, bool]:
 
     name, opts = job.analysis
     marker = job.run_dir / "analysis" / f".experiment-{name}.json"
-    if marker.is_file():
-        return json.loads(marker.read_text()), True
     command = registry()[name].command
     hint = typing.get_type_hints(command, include_extras=True)["ckpt"]
     many = typing.get_origin(typing.get_args(hint)[0] if typing.get_args(hint) else hint) is list

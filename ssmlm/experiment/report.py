@@ -159,7 +159,7 @@ def run_time_line(t: dict) -> str:
     return (
         f"Run time: {clock_time(total)} summed over the training runs{per} (pretraining {clock_time(t['pretrain'])}, "
         f"finetuning {clock_time(t['finetune'])}; every launch, from each run's summary.json), plus "
-        f"{t['evaluations']} evaluations."
+        f"{t['evaluations']} evaluation{'s' if t['evaluations'] != 1 else ''}."
     )
 
 
