@@ -1012,7 +1012,10 @@ def experiment(
         int, typer.Option("--jobs", "-j", help="Runs at a time, each in its own process (default 1: in this one).")
     ] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show each run's own output too.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the file, list the runs, exit.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check the file, list the runs, estimate the time left from those done; exit."),
+    ] = False,
     seeds: Annotated[
         int | None, typer.Option("--seeds", help="Only the file's first N seeds (a quick look; more later reuse them).")
     ] = None,
