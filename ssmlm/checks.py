@@ -355,13 +355,24 @@ def output_dir(path: str | Path, where: str, given: str | Path | None = None) ->
         raise UserError(f"{where} '{given}': {what}; expected a directory to write into")
     made: list[Path] = []
     try:
-        for parent in reversed([d, *d.parents]):
-            if not parent.exists():
-                parent.mkdir()
-                made.append(parent)
-        probe = d / f".ssmlm-write-check-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # the hosts of a run on a shared disk check the same folder at once: one may make a directory another
+        # is about to make, or remove the one it made while another writes its probe there; each then tries again
+        for attempt in range(3):
+            try:
+                for parent in reversed([d, *d.parents]):
+                    if not parent.exists():
+                        try:
+                            parent.mkdir()
+                        except FileExistsError:
+                            continue
+                        made.append(parent)
+                probe = d / f".ssmlm-write-check-{os.getpid()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
     except OSError as e:
         why = e.strerror or str(e)
         inside = "" if Path(given).expanduser() == d else f" in '{d}'"

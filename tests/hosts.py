@@ -22,7 +22,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now for the coordinator, drawn below the kernel's ephemeral range: a port the kernel handed
+    out (bind to 0) can be taken again by any outgoing connection (gloo's, another test's hosts) before the
+    coordinator binds it, and its hosts then wait for a coordinator that never starts."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for port in random.sample(range(20000, low), min(200, max(0, low - 20000))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no range known (not Linux): the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -4,8 +4,6 @@ steps a single process takes: to the bit, against one process with two devices (
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import tiny_recipe
 from flax import nnx
-from hosts import free_port, one_process
+from hosts import Hosts, one_process
 
 from ssmlm.runs import open_run
 
@@ -28,22 +26,9 @@ def test_two_processes_equal_one(tmp_path, corpus_file):
     os.chdir(tmp_path)
     one_process(["pretrain", recipe, "--name", "single", "-q"], tmp_path)
 
-    port = free_port()
-    procs = []
-    for i in range(2):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "SSMLM_COORDINATOR": f"127.0.0.1:{port}",
-            "SSMLM_NUM_PROCESSES": "2",
-            "SSMLM_PROCESS_ID": str(i),
-        }
-        cmd = [sys.executable, "-m", "ssmlm", "pretrain", str(recipe), "--name", "multi", "-q"]
-        procs.append(
-            subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    with Hosts(tmp_path, 2) as h:  # a hang fails within the timeout, with each host's stacks and output
+        h.start(["pretrain", recipe, "--name", "multi", "-q"], cwd=tmp_path)
+        assert h.wait(timeout=300) == [0, 0], h.report()
 
     def losses(name):
         rows = [json.loads(ln) for ln in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
